@@ -1,0 +1,720 @@
+//! The gpumemtrace trace format, specified in `docs/format.md`.
+//!
+//! The preload library encodes records with [`Encoder`]; the CLI decodes them with [`Reader`].
+//! Keeping both here, next to the specification, is what keeps them in step.
+//!
+//! A trace is a 12-byte header followed by length-prefixed records. Every record is
+//! `tag: u8, len: varint, payload: [u8; len]`, so a reader can skip tags it does not know,
+//! bound its allocations by `len`, and tell a clean end (between records) from a cut one.
+
+use std::fmt;
+use std::io::{self, Read};
+
+/// First 8 bytes of every trace.
+pub const MAGIC: &[u8; 8] = b"GPUMTRC\0";
+/// Format version written after the magic (u16 little endian), then 2 reserved bytes.
+pub const VERSION: u16 = 1;
+/// Size of the file header: magic, version, reserved.
+pub const HEADER_LEN: usize = 12;
+/// No record payload may be longer than this; a longer length means a corrupt file.
+pub const MAX_RECORD_LEN: u64 = 1 << 20;
+/// No stack may have more frames than this.
+pub const MAX_FRAMES: usize = 1024;
+
+/// Record tags.
+pub mod tag {
+    pub const PROCESS: u8 = 0x01;
+    pub const API: u8 = 0x02;
+    pub const MODULE: u8 = 0x03;
+    pub const STACK: u8 = 0x04;
+    pub const EVENT: u8 = 0x05;
+    pub const NOTICE: u8 = 0x06;
+    pub const STATS: u8 = 0x07;
+}
+
+/// What kind of memory an API hands out. The report keeps these apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MemKind {
+    /// `cudaMalloc`, `cuMemAlloc`, pitch/3D variants, stream-ordered allocations.
+    Device = 1,
+    /// `cudaMallocManaged`, `cuMemAllocManaged`.
+    Managed = 2,
+    /// Page-locked host memory: `cudaMallocHost`, `cudaHostAlloc`, `cuMemHostAlloc`...
+    HostPinned = 3,
+    /// Physical memory of the VMM API (`cuMemCreate`/`cuMemRelease`); the address is the handle.
+    VmmPhysical = 4,
+    /// Reserved virtual address space (`cuMemAddressReserve`/`cuMemAddressFree`); uses no memory.
+    VmmReserved = 5,
+    /// Mappings of physical memory into reserved space (`cuMemMap`/`cuMemUnmap`).
+    VmmMapped = 6,
+}
+
+impl MemKind {
+    pub const ALL: [MemKind; 6] = [
+        MemKind::Device,
+        MemKind::Managed,
+        MemKind::HostPinned,
+        MemKind::VmmPhysical,
+        MemKind::VmmReserved,
+        MemKind::VmmMapped,
+    ];
+
+    pub fn from_u8(v: u8) -> Option<MemKind> {
+        MemKind::ALL.iter().copied().find(|k| *k as u8 == v)
+    }
+
+    /// Short stable name used in reports and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemKind::Device => "device",
+            MemKind::Managed => "managed",
+            MemKind::HostPinned => "host-pinned",
+            MemKind::VmmPhysical => "vmm-physical",
+            MemKind::VmmReserved => "vmm-reserved",
+            MemKind::VmmMapped => "vmm-mapped",
+        }
+    }
+}
+
+/// What an API call does to its memory kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    Alloc = 1,
+    Free = 2,
+}
+
+impl Op {
+    pub fn from_u8(v: u8) -> Option<Op> {
+        match v {
+            1 => Some(Op::Alloc),
+            2 => Some(Op::Free),
+            _ => None,
+        }
+    }
+}
+
+/// Describes the process that wrote the trace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Process {
+    pub pid: u32,
+    pub ppid: u32,
+    /// CLOCK_MONOTONIC at the start of tracing; event times count from here.
+    pub start_monotonic_ns: u64,
+    /// CLOCK_REALTIME at the same moment (nanoseconds since the Unix epoch).
+    pub start_realtime_ns: u64,
+    pub exe: String,
+    pub args: Vec<String>,
+    /// Stack depth the tracer was configured with.
+    pub max_frames: u32,
+}
+
+/// One entry of the hook table: an interposed function.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Api {
+    pub id: u32,
+    pub name: String,
+    pub kind: MemKind,
+    pub op: Op,
+}
+
+/// A loaded object (executable or shared library), for offline symbolization.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Module {
+    pub id: u32,
+    /// Load bias: runtime address = file virtual address + bias.
+    pub bias: u64,
+    /// Lowest and one-past-highest runtime address of its loadable segments.
+    pub start: u64,
+    pub end: u64,
+    pub path: String,
+    /// GNU build-id (empty when the object has none).
+    pub build_id: Vec<u8>,
+}
+
+/// An interned native stack: return addresses, innermost first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stack {
+    pub id: u32,
+    pub frames: Vec<u64>,
+}
+
+/// One intercepted call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    /// Id of an [`Api`] record.
+    pub api: u32,
+    /// Nanoseconds since [`Process::start_monotonic_ns`].
+    pub time_ns: u64,
+    pub tid: u32,
+    /// Id of a [`Stack`] record; 0 = no stack captured.
+    pub stack: u32,
+    /// The call's return code as the real function produced it (0 = success).
+    pub result: u32,
+    /// Device ordinal; -1 for host memory or when unknown.
+    pub device: i32,
+    /// Pointer allocated or freed; for VMM physical memory the handle. 0 when the call failed.
+    pub addr: u64,
+    /// Bytes requested (allocation) or given (`cuMemAddressFree`, `cuMemUnmap`); 0 when unknown.
+    pub size: u64,
+    /// Stream handle for stream-ordered calls, else 0.
+    pub stream: u64,
+    /// For `cuMemMap`: the physical allocation handle mapped. Else 0.
+    pub extra: u64,
+}
+
+/// Counters the tracer writes when it stops (and may write more than once).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Events recorded so far.
+    pub events: u64,
+    /// Events that could not be recorded (never silently: they are counted here).
+    pub dropped: u64,
+    /// True when this is the last record of a cleanly finished trace.
+    pub final_: bool,
+}
+
+/// A decoded record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    Process(Process),
+    Api(Api),
+    Module(Module),
+    Stack(Stack),
+    Event(Event),
+    /// A message from the tracer (e.g. why tracing stopped early).
+    Notice(String),
+    Stats(Stats),
+    /// A record with a tag this reader does not know (newer writer); skipped.
+    Unknown(u8),
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoding
+
+/// Encodes records into a byte buffer. The caller writes the buffer out.
+///
+/// Event timestamps are stored as signed deltas from the previous event, so the encoder keeps
+/// that one piece of state.
+#[derive(Default)]
+pub struct Encoder {
+    last_time_ns: u64,
+    payload: Vec<u8>,
+}
+
+/// The file header.
+pub fn header() -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[..8].copy_from_slice(MAGIC);
+    h[8..10].copy_from_slice(&VERSION.to_le_bytes());
+    h
+}
+
+impl Encoder {
+    pub fn new() -> Encoder {
+        Encoder::default()
+    }
+
+    /// Appends `rec` to `out`.
+    pub fn encode(&mut self, rec: &Record, out: &mut Vec<u8>) {
+        let p = &mut self.payload;
+        p.clear();
+        let t = match rec {
+            Record::Process(r) => {
+                put_uv(p, r.pid as u64);
+                put_uv(p, r.ppid as u64);
+                put_uv(p, r.start_monotonic_ns);
+                put_uv(p, r.start_realtime_ns);
+                put_str(p, &r.exe);
+                put_uv(p, r.args.len() as u64);
+                for a in &r.args {
+                    put_str(p, a);
+                }
+                put_uv(p, r.max_frames as u64);
+                tag::PROCESS
+            }
+            Record::Api(r) => {
+                put_uv(p, r.id as u64);
+                put_str(p, &r.name);
+                p.push(r.kind as u8);
+                p.push(r.op as u8);
+                tag::API
+            }
+            Record::Module(r) => {
+                put_uv(p, r.id as u64);
+                put_uv(p, r.bias);
+                put_uv(p, r.start);
+                put_uv(p, r.end);
+                put_str(p, &r.path);
+                put_bytes(p, &r.build_id);
+                tag::MODULE
+            }
+            Record::Stack(r) => {
+                put_uv(p, r.id as u64);
+                put_uv(p, r.frames.len() as u64);
+                let mut prev = 0u64;
+                for &f in &r.frames {
+                    put_sv(p, f.wrapping_sub(prev) as i64);
+                    prev = f;
+                }
+                tag::STACK
+            }
+            Record::Event(e) => {
+                put_uv(p, e.api as u64);
+                put_sv(p, e.time_ns.wrapping_sub(self.last_time_ns) as i64);
+                self.last_time_ns = e.time_ns;
+                put_uv(p, e.tid as u64);
+                put_uv(p, e.stack as u64);
+                put_uv(p, e.result as u64);
+                put_sv(p, e.device as i64);
+                put_uv(p, e.addr);
+                put_uv(p, e.size);
+                put_uv(p, e.stream);
+                put_uv(p, e.extra);
+                tag::EVENT
+            }
+            Record::Notice(s) => {
+                put_str(p, s);
+                tag::NOTICE
+            }
+            Record::Stats(s) => {
+                put_uv(p, s.events);
+                put_uv(p, s.dropped);
+                p.push(s.final_ as u8);
+                tag::STATS
+            }
+            Record::Unknown(t) => *t,
+        };
+        out.push(t);
+        put_uv(out, p.len() as u64);
+        out.extend_from_slice(p);
+    }
+}
+
+fn put_uv(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_sv(out: &mut Vec<u8>, v: i64) {
+    put_uv(out, ((v << 1) ^ (v >> 63)) as u64);
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_uv(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    put_bytes(out, s.as_bytes());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding
+
+/// Why reading stopped early.
+#[derive(Debug)]
+pub enum ReadError {
+    /// Not a gpumemtrace file, or a version this reader does not understand.
+    BadHeader(String),
+    /// The file ends in the middle of a record: everything before `offset` was read.
+    Truncated { offset: u64 },
+    /// A record is malformed.
+    Corrupt { offset: u64, what: String },
+    Io(io::Error),
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadError::BadHeader(m) => write!(f, "not a gpumemtrace trace: {m}"),
+            ReadError::Truncated { offset } => {
+                write!(f, "trace is truncated: the last record, at byte {offset}, is incomplete")
+            }
+            ReadError::Corrupt { offset, what } => {
+                write!(f, "trace is corrupt at byte {offset}: {what}")
+            }
+            ReadError::Io(e) => write!(f, "cannot read trace: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+/// Streams records out of a trace. Memory use is bounded by [`MAX_RECORD_LEN`].
+pub struct Reader<R: Read> {
+    inner: R,
+    /// Byte offset of the next record.
+    offset: u64,
+    last_time_ns: u64,
+    buf: Vec<u8>,
+    done: bool,
+}
+
+impl<R: Read> Reader<R> {
+    /// Checks the header. Fails on a file that is not a trace or has an unknown version.
+    pub fn new(mut inner: R) -> Result<Reader<R>, ReadError> {
+        let mut h = [0u8; HEADER_LEN];
+        let n = read_full(&mut inner, &mut h).map_err(ReadError::Io)?;
+        if n < HEADER_LEN {
+            if h[..n.min(8)] == MAGIC[..n.min(8)] {
+                return Err(ReadError::Truncated { offset: 0 });
+            }
+            return Err(ReadError::BadHeader("file is too short".into()));
+        }
+        if &h[..8] != MAGIC {
+            return Err(ReadError::BadHeader("wrong magic bytes".into()));
+        }
+        let v = u16::from_le_bytes([h[8], h[9]]);
+        if v != VERSION {
+            return Err(ReadError::BadHeader(format!(
+                "format version {v}, this reader understands version {VERSION}"
+            )));
+        }
+        Ok(Reader { inner, offset: HEADER_LEN as u64, last_time_ns: 0, buf: Vec::new(), done: false })
+    }
+
+    /// Byte offset just past the last record returned.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// The next record; `Ok(None)` at a clean end of file.
+    pub fn next_record(&mut self) -> Result<Option<Record>, ReadError> {
+        if self.done {
+            return Ok(None);
+        }
+        let start = self.offset;
+        let mut t = [0u8; 1];
+        match read_full(&mut self.inner, &mut t) {
+            Ok(0) => {
+                self.done = true;
+                return Ok(None);
+            }
+            Ok(_) => {}
+            Err(e) => return Err(self.fail(ReadError::Io(e))),
+        }
+        let mut consumed = 1u64;
+        let len = match self.read_len(&mut consumed) {
+            Ok(l) => l,
+            Err(e) => return Err(self.fail(e)),
+        };
+        if len > MAX_RECORD_LEN {
+            return Err(self.fail(ReadError::Corrupt {
+                offset: start,
+                what: format!("record length {len} exceeds the limit of {MAX_RECORD_LEN} bytes"),
+            }));
+        }
+        self.buf.resize(len as usize, 0);
+        match read_full(&mut self.inner, &mut self.buf) {
+            Ok(n) if n == len as usize => {}
+            Ok(_) => return Err(self.fail(ReadError::Truncated { offset: start })),
+            Err(e) => return Err(self.fail(ReadError::Io(e))),
+        }
+        let rec = match decode(t[0], &self.buf, &mut self.last_time_ns) {
+            Ok(r) => r,
+            Err(what) => return Err(self.fail(ReadError::Corrupt { offset: start, what })),
+        };
+        self.offset = start + consumed + len;
+        Ok(Some(rec))
+    }
+
+    fn fail(&mut self, e: ReadError) -> ReadError {
+        self.done = true;
+        e
+    }
+
+    fn read_len(&mut self, consumed: &mut u64) -> Result<u64, ReadError> {
+        let start = self.offset;
+        let mut v = 0u64;
+        for i in 0..10 {
+            let mut b = [0u8; 1];
+            match read_full(&mut self.inner, &mut b) {
+                Ok(0) => return Err(ReadError::Truncated { offset: start }),
+                Ok(_) => {}
+                Err(e) => return Err(ReadError::Io(e)),
+            }
+            *consumed += 1;
+            v |= ((b[0] & 0x7f) as u64) << (7 * i);
+            if b[0] & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(ReadError::Corrupt { offset: start, what: "record length varint is too long".into() })
+    }
+}
+
+impl<R: Read> Iterator for Reader<R> {
+    type Item = Result<Record, ReadError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_record().transpose()
+    }
+}
+
+fn read_full<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// A cursor over one record's payload.
+struct Payload<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Payload<'a> {
+    fn uv(&mut self) -> Result<u64, String> {
+        let mut v = 0u64;
+        for i in 0..10 {
+            let Some(&b) = self.b.get(self.pos) else {
+                return Err("record payload ends inside a number".into());
+            };
+            self.pos += 1;
+            v |= ((b & 0x7f) as u64) << (7 * i);
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err("number is longer than 10 bytes".into())
+    }
+    fn u32(&mut self, what: &str) -> Result<u32, String> {
+        let v = self.uv()?;
+        u32::try_from(v).map_err(|_| format!("{what} {v} does not fit in 32 bits"))
+    }
+    fn sv(&mut self) -> Result<i64, String> {
+        let v = self.uv()?;
+        Ok(((v >> 1) as i64) ^ -((v & 1) as i64))
+    }
+    fn byte(&mut self) -> Result<u8, String> {
+        let b = *self.b.get(self.pos).ok_or("record payload is too short")?;
+        self.pos += 1;
+        Ok(b)
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], String> {
+        let n = self.uv()?;
+        let rest = self.b.len() - self.pos;
+        if n > rest as u64 {
+            return Err(format!("byte string of length {n} overruns its record ({rest} bytes left)"));
+        }
+        let s = &self.b[self.pos..self.pos + n as usize];
+        self.pos += n as usize;
+        Ok(s)
+    }
+    fn string(&mut self) -> Result<String, String> {
+        Ok(String::from_utf8_lossy(self.bytes()?).into_owned())
+    }
+}
+
+fn decode(t: u8, b: &[u8], last_time_ns: &mut u64) -> Result<Record, String> {
+    let mut p = Payload { b, pos: 0 };
+    let rec = match t {
+        tag::PROCESS => {
+            let pid = p.u32("pid")?;
+            let ppid = p.u32("ppid")?;
+            let start_monotonic_ns = p.uv()?;
+            let start_realtime_ns = p.uv()?;
+            let exe = p.string()?;
+            let n = p.uv()?;
+            if n > b.len() as u64 {
+                return Err(format!("argument count {n} exceeds the record size"));
+            }
+            let args = (0..n).map(|_| p.string()).collect::<Result<Vec<_>, _>>()?;
+            let max_frames = p.u32("max_frames")?;
+            Record::Process(Process { pid, ppid, start_monotonic_ns, start_realtime_ns, exe, args, max_frames })
+        }
+        tag::API => {
+            let id = p.u32("api id")?;
+            let name = p.string()?;
+            let k = p.byte()?;
+            let kind = MemKind::from_u8(k).ok_or_else(|| format!("unknown memory kind {k}"))?;
+            let o = p.byte()?;
+            let op = Op::from_u8(o).ok_or_else(|| format!("unknown operation {o}"))?;
+            Record::Api(Api { id, name, kind, op })
+        }
+        tag::MODULE => Record::Module(Module {
+            id: p.u32("module id")?,
+            bias: p.uv()?,
+            start: p.uv()?,
+            end: p.uv()?,
+            path: p.string()?,
+            build_id: p.bytes()?.to_vec(),
+        }),
+        tag::STACK => {
+            let id = p.u32("stack id")?;
+            let n = p.uv()?;
+            if n > MAX_FRAMES as u64 || n > b.len() as u64 {
+                return Err(format!("stack with {n} frames exceeds the limit"));
+            }
+            let mut frames = Vec::with_capacity(n as usize);
+            let mut prev = 0u64;
+            for _ in 0..n {
+                prev = prev.wrapping_add(p.sv()? as u64);
+                frames.push(prev);
+            }
+            Record::Stack(Stack { id, frames })
+        }
+        tag::EVENT => {
+            let api = p.u32("api id")?;
+            let dt = p.sv()?;
+            let time_ns = last_time_ns.wrapping_add(dt as u64);
+            *last_time_ns = time_ns;
+            let tid = p.u32("thread id")?;
+            let stack = p.u32("stack id")?;
+            let result = p.u32("result code")?;
+            let device = p.sv()?;
+            let device = i32::try_from(device).map_err(|_| format!("device {device} out of range"))?;
+            Record::Event(Event {
+                api,
+                time_ns,
+                tid,
+                stack,
+                result,
+                device,
+                addr: p.uv()?,
+                size: p.uv()?,
+                stream: p.uv()?,
+                extra: p.uv()?,
+            })
+        }
+        tag::NOTICE => Record::Notice(p.string()?),
+        tag::STATS => Record::Stats(Stats { events: p.uv()?, dropped: p.uv()?, final_: p.byte()? != 0 }),
+        other => return Ok(Record::Unknown(other)),
+    };
+    // Trailing bytes are allowed: a newer writer may append fields to a record.
+    Ok(rec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<Record> {
+        vec![
+            Record::Process(Process {
+                pid: 42,
+                ppid: 1,
+                start_monotonic_ns: 123456789,
+                start_realtime_ns: 1_700_000_000_000_000_000,
+                exe: "/usr/bin/python3".into(),
+                args: vec!["python3".into(), "train.py".into()],
+                max_frames: 64,
+            }),
+            Record::Api(Api { id: 3, name: "cudaMalloc".into(), kind: MemKind::Device, op: Op::Alloc }),
+            Record::Module(Module {
+                id: 1,
+                bias: 0x7f00_0000_0000,
+                start: 0x7f00_0000_1000,
+                end: 0x7f00_0010_0000,
+                path: "/lib/libfoo.so".into(),
+                build_id: vec![0xde, 0xad, 0xbe, 0xef],
+            }),
+            Record::Stack(Stack { id: 1, frames: vec![0x7f00_0000_2000, 0x5555_0000_1000, 0x7f00_0000_1000] }),
+            Record::Event(Event {
+                api: 3,
+                time_ns: 1000,
+                tid: 7,
+                stack: 1,
+                result: 0,
+                device: 0,
+                addr: 0x7f00_0000_0000,
+                size: 1 << 20,
+                stream: 0,
+                extra: 0,
+            }),
+            Record::Event(Event { api: 3, time_ns: 900, device: -1, result: 2, size: 1 << 40, ..Event::default() }),
+            Record::Notice("hello".into()),
+            Record::Stats(Stats { events: 2, dropped: 0, final_: true }),
+        ]
+    }
+
+    fn encode_all(recs: &[Record]) -> Vec<u8> {
+        let mut out = header().to_vec();
+        let mut enc = Encoder::new();
+        for r in recs {
+            enc.encode(r, &mut out);
+        }
+        out
+    }
+
+    #[test]
+    fn every_record_survives_a_round_trip() {
+        let recs = sample();
+        let bytes = encode_all(&recs);
+        let back: Vec<Record> = Reader::new(&bytes[..]).unwrap().map(|r| r.unwrap()).collect();
+        assert_eq!(back, recs);
+    }
+
+    #[test]
+    fn every_prefix_reads_cleanly_or_reports_truncation() {
+        let recs = sample();
+        let bytes = encode_all(&recs);
+        // Offsets where a record ends: a prefix ending there reads without error.
+        let mut ends = vec![HEADER_LEN];
+        let mut r = Reader::new(&bytes[..]).unwrap();
+        while r.next_record().unwrap().is_some() {
+            ends.push(r.offset() as usize);
+        }
+        for cut in 0..bytes.len() {
+            let prefix = &bytes[..cut];
+            let mut got = 0;
+            let outcome = match Reader::new(prefix) {
+                Err(ReadError::Truncated { .. }) => {
+                    assert!(cut < HEADER_LEN);
+                    continue;
+                }
+                Err(e) => panic!("prefix {cut}: {e}"),
+                Ok(mut rd) => loop {
+                    match rd.next_record() {
+                        Ok(Some(_)) => got += 1,
+                        Ok(None) => break Ok(()),
+                        Err(e) => break Err(e),
+                    }
+                },
+            };
+            let complete = ends.iter().filter(|&&e| e <= cut).count() - 1;
+            assert_eq!(got, complete, "prefix {cut}");
+            match outcome {
+                Ok(()) => assert!(ends.contains(&cut), "prefix {cut} should be reported truncated"),
+                Err(ReadError::Truncated { offset }) => assert_eq!(offset as usize, ends[complete]),
+                Err(e) => panic!("prefix {cut}: unexpected {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_bogus_length_is_an_error_not_an_allocation() {
+        let mut bytes = header().to_vec();
+        bytes.push(tag::EVENT);
+        put_uv(&mut bytes, u64::MAX >> 1);
+        let err = Reader::new(&bytes[..]).unwrap().next_record().unwrap_err();
+        assert!(matches!(err, ReadError::Corrupt { offset: 12, .. }), "{err}");
+    }
+
+    #[test]
+    fn unknown_tags_are_skipped() {
+        let mut bytes = header().to_vec();
+        bytes.extend_from_slice(&[0x7e, 3, 1, 2, 3]);
+        let mut enc = Encoder::new();
+        enc.encode(&Record::Notice("after".into()), &mut bytes);
+        let back: Vec<Record> = Reader::new(&bytes[..]).unwrap().map(|r| r.unwrap()).collect();
+        assert_eq!(back, vec![Record::Unknown(0x7e), Record::Notice("after".into())]);
+    }
+
+    #[test]
+    fn wrong_magic_and_version_are_rejected() {
+        assert!(matches!(Reader::new(&b"NOTATRACEFILE..."[..]), Err(ReadError::BadHeader(_))));
+        let mut h = header();
+        h[8] = 99;
+        assert!(matches!(Reader::new(&h[..]), Err(ReadError::BadHeader(_))));
+    }
+}

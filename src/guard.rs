@@ -1,0 +1,44 @@
+//! Per-thread reentrancy guard.
+//!
+//! While a hook runs on a thread, hooks entered again on that thread (the runtime calling the
+//! driver inside `cudaMalloc`, or the tracer's own code) pass straight through: one event per
+//! allocation, and no recursion into the tracer.
+
+use std::cell::Cell;
+
+thread_local! {
+    // const-initialised and Drop-free: no lazy init and no destructor registration, so it is
+    // usable at any point of a thread's life, teardown included.
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Proof that this is the outermost hook on the thread. Dropping it leaves the hook.
+pub struct Guard(());
+
+impl Guard {
+    /// `None` when the thread is already inside a hook (or is the tracer's own writer thread).
+    pub fn enter() -> Option<Guard> {
+        DEPTH
+            .try_with(|d| {
+                if d.get() == 0 {
+                    d.set(1);
+                    Some(Guard(()))
+                } else {
+                    None
+                }
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// Marks the current thread as tracer-internal for good (the writer thread).
+    pub fn forbid_on_this_thread() {
+        let _ = DEPTH.try_with(|d| d.set(1));
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = DEPTH.try_with(|d| d.set(0));
+    }
+}

@@ -1,0 +1,166 @@
+//! What every hook does around the real call. This is the hot path, top-down:
+//!
+//! 1. enter the per-thread guard; a nested call (the runtime calling the driver inside
+//!    `cudaMalloc`) or a call from the tracer itself just runs the real function;
+//! 2. run the real function; its result and out-parameters reach the caller untouched;
+//! 3. describe the call (`Fields`, from the table line); failed calls are events too;
+//! 4. stamp it (time, thread, device), capture the native stack (raw return addresses);
+//! 5. hand it to the writer thread through the channel (`tracer::submit`).
+//!
+//! Anything that goes wrong in 3-5 is caught here: tracing switches itself off with one line on
+//! stderr, and the program goes on with the real result.
+
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::cuda::{Status, SUCCESS};
+use crate::guard::Guard;
+use crate::table::Id;
+use crate::{resolve, tracer, unwind};
+
+pub fn traced(id: Id, call: impl FnOnce() -> Status, describe: impl FnOnce(Status) -> Option<Fields>) -> Status {
+    let Some(_guard) = Guard::enter() else {
+        return call();
+    };
+    let result = call();
+    if tracer::is_off() {
+        return result;
+    }
+    let recorded = catch_unwind(AssertUnwindSafe(|| {
+        if let Some(fields) = describe(result) {
+            record(id, result, fields);
+        }
+    }));
+    if recorded.is_err() {
+        tracer::disable("internal error (panic) while recording a call");
+    }
+    result
+}
+
+fn record(id: Id, result: Status, f: Fields) {
+    let time = tracer::now_ns();
+    let device = match f.device {
+        Some(d) => d,
+        None => resolve::current_device(),
+    };
+    let event = tracer::RawEvent {
+        api: id as u32,
+        time_ns: time,
+        tid: thread_id(),
+        result: result as u32,
+        device,
+        addr: f.addr,
+        size: f.size,
+        stream: f.stream,
+        extra: f.extra,
+        frames: unwind::capture(tracer::max_frames()),
+    };
+    tracer::submit(event);
+}
+
+/// What a call did, as the table line describes it.
+pub struct Fields {
+    addr: u64,
+    size: u64,
+    stream: u64,
+    extra: u64,
+    /// `None`: ask the driver for the calling thread's current device.
+    device: Option<i32>,
+}
+
+/// An allocation (possibly failed: then `addr` is 0 and `size` is what was asked for).
+pub fn alloc(addr: u64, size: u64) -> Option<Fields> {
+    Some(Fields { addr, size, stream: 0, extra: 0, device: None })
+}
+
+/// A free; freeing a null pointer is a no-op (often used just to initialise CUDA): no event.
+pub fn free(addr: u64) -> Option<Fields> {
+    if addr == 0 {
+        return None;
+    }
+    Some(Fields { addr, size: 0, stream: 0, extra: 0, device: None })
+}
+
+/// Builders for the optional parts, chainable on `Option<Fields>` so table lines stay short.
+pub trait FieldsExt {
+    fn stream(self, s: *mut c_void) -> Self;
+    fn extra(self, v: u64) -> Self;
+    fn size(self, v: u64) -> Self;
+    fn device(self, d: i32) -> Self;
+    /// Host memory belongs to no device.
+    fn host(self) -> Self;
+}
+
+impl FieldsExt for Option<Fields> {
+    fn stream(self, s: *mut c_void) -> Self {
+        self.map(|f| Fields { stream: s as u64, ..f })
+    }
+    fn extra(self, v: u64) -> Self {
+        self.map(|f| Fields { extra: v, ..f })
+    }
+    fn size(self, v: u64) -> Self {
+        self.map(|f| Fields { size: v, ..f })
+    }
+    fn device(self, d: i32) -> Self {
+        self.map(|f| Fields { device: Some(d), ..f })
+    }
+    fn host(self) -> Self {
+        self.device(-1)
+    }
+}
+
+/// Pointer-sized out-parameters: device pointers, host pointers, VMM handles.
+pub trait Addr: Copy {
+    fn addr(self) -> u64;
+}
+impl Addr for u64 {
+    fn addr(self) -> u64 {
+        self
+    }
+}
+impl Addr for *mut c_void {
+    fn addr(self) -> u64 {
+        self as u64
+    }
+}
+
+/// Reads an out-parameter, only if the call succeeded (else it may be garbage); 0 otherwise.
+///
+/// # Safety
+/// `p` must be null or the out-pointer the caller passed to a call that returned `r`.
+pub unsafe fn out<T: Addr>(r: Status, p: *mut T) -> u64 {
+    if r != SUCCESS || p.is_null() {
+        return 0;
+    }
+    // SAFETY: the real call succeeded, so it wrote a value through this non-null pointer.
+    unsafe { p.read() }.addr()
+}
+
+thread_local! {
+    static TID: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The kernel thread id, cached per thread (reset in a forked child).
+pub fn thread_id() -> u32 {
+    TID.try_with(|t| {
+        let v = t.get();
+        if v != 0 {
+            return v;
+        }
+        // SAFETY: gettid has no preconditions.
+        let v = unsafe { libc::gettid() } as u32;
+        t.set(v);
+        v
+    })
+    .unwrap_or_else(|_| {
+        // SAFETY: as above.
+        unsafe { libc::gettid() as u32 }
+    })
+}
+
+/// After fork the child's only thread has a new id.
+pub fn forget_thread_id() {
+    let _ = TID.try_with(|t| t.set(0));
+}
+

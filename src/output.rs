@@ -1,0 +1,83 @@
+//! Where the trace goes, and creating it safely: never following a symlink planted in a shared
+//! directory, never overwriting another process's trace (O_EXCL), private by default (0600).
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// The path the trace of process `pid` should get, from `GPUMEMTRACE_OUTPUT` (or the default
+/// `gpumemtrace-<pid>.trace` in the working directory).
+pub fn target(setting: Option<&str>, pid: u32) -> PathBuf {
+    let default_name = format!("gpumemtrace-{pid}.trace");
+    match setting {
+        None => PathBuf::from(default_name),
+        Some(s) => {
+            let s = s.replace("%p", &pid.to_string());
+            if s.ends_with('/') || Path::new(&s).is_dir() {
+                Path::new(&s).join(default_name)
+            } else {
+                PathBuf::from(s)
+            }
+        }
+    }
+}
+
+/// Creates the trace file at `path`, or at `name.1.trace`, `name.2.trace`... if taken.
+pub fn create(path: &Path) -> io::Result<(File, PathBuf)> {
+    let mut candidate = path.to_path_buf();
+    for n in 1..=1000u32 {
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true) // O_CREAT | O_EXCL: also refuses to follow a symlink at the path
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&candidate)
+        {
+            Ok(f) => return Ok((f, candidate)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => candidate = numbered(path, n),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::AlreadyExists, "1000 trace files with this name exist already"))
+}
+
+/// `dir/name.trace` -> `dir/name.N.trace`.
+fn numbered(path: &Path, n: u32) -> PathBuf {
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    match path.extension() {
+        Some(ext) => path.with_file_name(format!("{stem}.{n}.{}", ext.to_string_lossy())),
+        None => path.with_file_name(format!("{stem}.{n}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_setting() {
+        assert_eq!(target(None, 7), PathBuf::from("gpumemtrace-7.trace"));
+        assert_eq!(target(Some("/tmp/"), 7), PathBuf::from("/tmp/gpumemtrace-7.trace"));
+        assert_eq!(target(Some("/tmp"), 7), PathBuf::from("/tmp/gpumemtrace-7.trace"));
+        assert_eq!(target(Some("/x/run-%p.trace"), 7), PathBuf::from("/x/run-7.trace"));
+    }
+
+    #[test]
+    fn existing_files_and_symlinks_are_never_overwritten() {
+        let dir = std::env::temp_dir().join(format!("gmt-output-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("t.trace");
+        std::fs::write(&p, b"precious").unwrap();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"victim").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join("t.1.trace")).unwrap();
+        let (_f, got) = create(&p).unwrap();
+        assert_eq!(got, dir.join("t.2.trace"));
+        assert_eq!(std::fs::read(&p).unwrap(), b"precious");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"victim");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&got).unwrap().permissions().mode() & 0o777, 0o600);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,298 @@
+//! The hook table: every interposed function, declared once.
+//!
+//! One line per function generates its exported hook (so PLT callers reach it), registers it
+//! for `dlsym` routing (JAX/XLA style lookups) and for `cuGetProcAddress` routing (static cudart,
+//! CuPy, PyTorch's entry-point API): adding an API is one line here.
+//!
+//! An event line reads: `Layer symbol(args) Kind Op => |result| fields`. `fields` runs after the
+//! real call with its result code and says what to record (see `hotpath`); it may read
+//! out-parameters, which the helpers do only when the call succeeded.
+
+use std::ffi::{c_uint, c_void, CStr};
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use gpumemtrace_format::{MemKind, Op};
+
+use crate::cuda::*;
+use crate::hotpath::{alloc, free, out, traced, FieldsExt};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Layer {
+    /// The CUDA runtime (`libcudart`): reached through the PLT or `dlsym`.
+    Runtime,
+    /// The CUDA driver (`libcuda`): also reached through `cuGetProcAddress`.
+    Driver,
+}
+
+/// What the table knows of one hooked function.
+pub struct Hook {
+    /// Exported symbol, NUL-terminated.
+    symbol: &'static str,
+    pub layer: Layer,
+    /// What its calls record; `None` for the routing functions (they record nothing).
+    pub event: Option<(MemKind, Op)>,
+}
+
+impl Hook {
+    pub fn name(&self) -> &'static str {
+        &self.symbol[..self.symbol.len() - 1]
+    }
+    pub fn c_name(&self) -> &'static CStr {
+        // SAFETY: every symbol is built by `concat!(name, "\0")` from an identifier.
+        unsafe { CStr::from_bytes_with_nul_unchecked(self.symbol.as_bytes()) }
+    }
+    /// The name `cuGetProcAddress` is asked for: without `_ptsz` and without a `_vN` suffix.
+    pub fn base_name(&self) -> &'static str {
+        let n = self.name();
+        let n = n.strip_suffix("_ptsz").unwrap_or(n);
+        match n.rfind("_v") {
+            Some(i) if n[i + 2..].chars().all(|c| c.is_ascii_digit()) && i + 2 < n.len() => &n[..i],
+            _ => n,
+        }
+    }
+    /// Whether this is the per-thread-default-stream flavour.
+    pub fn is_ptsz(&self) -> bool {
+        self.name().ends_with("_ptsz")
+    }
+}
+
+macro_rules! hook_table {
+    (
+        events {
+            $( $layer:ident $name:ident ( $($arg:ident : $ty:ty),* ) $kind:ident $op:ident
+                => |$r:ident| $fields:expr ; )*
+        }
+        routes {
+            $( $rlayer:ident $rname:ident ; )*
+        }
+    ) => {
+        /// Index of a hook in [`HOOKS`].
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+        pub enum Id { $($name,)* $($rname,)* }
+
+        pub static HOOKS: &[Hook] = &[
+            $( Hook {
+                symbol: concat!(stringify!($name), "\0"),
+                layer: Layer::$layer,
+                event: Some((MemKind::$kind, Op::$op)),
+            }, )*
+            $( Hook {
+                symbol: concat!(stringify!($rname), "\0"),
+                layer: Layer::$rlayer,
+                event: None,
+            }, )*
+        ];
+
+        pub const ALL: &[Id] = &[$(Id::$name,)* $(Id::$rname,)*];
+
+        impl Id {
+            /// Address of our hook for this function.
+            pub fn hook_addr(self) -> *mut c_void {
+                match self {
+                    $( Id::$name => $name as *mut c_void, )*
+                    $( Id::$rname => crate::routing::$rname as *mut c_void, )*
+                }
+            }
+        }
+
+        $(
+            #[no_mangle]
+            #[allow(non_snake_case, unused_unsafe, unused_variables, clippy::missing_safety_doc)]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> Status {
+                type Real = unsafe extern "C" fn($($ty),*) -> Status;
+                // SAFETY: the slot of `$name` only ever holds the real `$name`, of type `Real`.
+                let Some(real) = (unsafe { real::<Real>(Id::$name) }) else {
+                    return NOT_INITIALIZED;
+                };
+                // SAFETY: forwards the caller's arguments unchanged; `$fields` reads
+                // out-parameters only after the call succeeded (see `hotpath::out`).
+                traced(Id::$name, || unsafe { real($($arg),*) }, |$r| unsafe { $fields })
+            }
+        )*
+    };
+}
+
+hook_table! {
+    events {
+        // --- runtime: device memory
+        Runtime cudaMalloc(p: *mut *mut c_void, size: usize) Device Alloc => |r| alloc(out(r, p), size as u64);
+        Runtime cudaFree(ptr: *mut c_void) Device Free => |r| free(ptr as u64);
+        Runtime cudaMallocPitch(p: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) Device Alloc
+            => |r| alloc(out(r, p), pitched(r, pitch, width, height, 1));
+        Runtime cudaMalloc3D(pp: *mut cudaPitchedPtr, e: cudaExtent) Device Alloc
+            => |r| if r == SUCCESS && !pp.is_null() {
+                alloc((*pp).ptr as u64, ((*pp).pitch * e.height * e.depth) as u64)
+            } else {
+                alloc(0, (e.width * e.height * e.depth) as u64)
+            };
+        Runtime cudaMallocManaged(p: *mut *mut c_void, size: usize, flags: c_uint) Managed Alloc
+            => |r| alloc(out(r, p), size as u64);
+        // --- runtime: stream-ordered
+        Runtime cudaMallocAsync(p: *mut *mut c_void, size: usize, s: cudaStream_t) Device Alloc
+            => |r| alloc(out(r, p), size as u64).stream(s);
+        Runtime cudaMallocAsync_ptsz(p: *mut *mut c_void, size: usize, s: cudaStream_t) Device Alloc
+            => |r| alloc(out(r, p), size as u64).stream(s);
+        Runtime cudaFreeAsync(ptr: *mut c_void, s: cudaStream_t) Device Free => |r| free(ptr as u64).stream(s);
+        Runtime cudaFreeAsync_ptsz(ptr: *mut c_void, s: cudaStream_t) Device Free => |r| free(ptr as u64).stream(s);
+        Runtime cudaMallocFromPoolAsync(p: *mut *mut c_void, size: usize, pool: cudaMemPool_t, s: cudaStream_t) Device Alloc
+            => |r| alloc(out(r, p), size as u64).stream(s);
+        Runtime cudaMallocFromPoolAsync_ptsz(p: *mut *mut c_void, size: usize, pool: cudaMemPool_t, s: cudaStream_t) Device Alloc
+            => |r| alloc(out(r, p), size as u64).stream(s);
+        // --- runtime: pinned host memory
+        Runtime cudaMallocHost(p: *mut *mut c_void, size: usize) HostPinned Alloc => |r| alloc(out(r, p), size as u64).host();
+        Runtime cudaHostAlloc(p: *mut *mut c_void, size: usize, flags: c_uint) HostPinned Alloc
+            => |r| alloc(out(r, p), size as u64).host();
+        Runtime cudaFreeHost(ptr: *mut c_void) HostPinned Free => |r| free(ptr as u64).host();
+
+        // --- driver: device memory
+        Driver cuMemAlloc_v2(p: *mut CUdeviceptr, size: usize) Device Alloc => |r| alloc(out(r, p), size as u64);
+        Driver cuMemFree_v2(ptr: CUdeviceptr) Device Free => |r| free(ptr);
+        Driver cuMemAllocPitch_v2(p: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) Device Alloc
+            => |r| alloc(out(r, p), pitched(r, pitch, width, height, 1));
+        Driver cuMemAllocManaged(p: *mut CUdeviceptr, size: usize, flags: c_uint) Managed Alloc
+            => |r| alloc(out(r, p), size as u64);
+        // --- driver: stream-ordered
+        Driver cuMemAllocAsync(p: *mut CUdeviceptr, size: usize, s: CUstream) Device Alloc
+            => |r| alloc(out(r, p), size as u64).stream(s);
+        Driver cuMemAllocAsync_ptsz(p: *mut CUdeviceptr, size: usize, s: CUstream) Device Alloc
+            => |r| alloc(out(r, p), size as u64).stream(s);
+        Driver cuMemFreeAsync(ptr: CUdeviceptr, s: CUstream) Device Free => |r| free(ptr).stream(s);
+        Driver cuMemFreeAsync_ptsz(ptr: CUdeviceptr, s: CUstream) Device Free => |r| free(ptr).stream(s);
+        Driver cuMemAllocFromPoolAsync(p: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, s: CUstream) Device Alloc
+            => |r| alloc(out(r, p), size as u64).stream(s);
+        Driver cuMemAllocFromPoolAsync_ptsz(p: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, s: CUstream) Device Alloc
+            => |r| alloc(out(r, p), size as u64).stream(s);
+        // --- driver: pinned host memory
+        Driver cuMemAllocHost_v2(p: *mut *mut c_void, size: usize) HostPinned Alloc => |r| alloc(out(r, p), size as u64).host();
+        Driver cuMemHostAlloc(p: *mut *mut c_void, size: usize, flags: c_uint) HostPinned Alloc
+            => |r| alloc(out(r, p), size as u64).host();
+        Driver cuMemFreeHost(ptr: *mut c_void) HostPinned Free => |r| free(ptr as u64).host();
+        // --- driver: virtual memory management (PyTorch expandable segments, JAX)
+        Driver cuMemCreate(h: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) VmmPhysical Alloc
+            => |r| alloc(out(r, h), size as u64).device(prop_device(prop));
+        Driver cuMemRelease(h: CUmemGenericAllocationHandle) VmmPhysical Free => |r| free(h).device(-1);
+        Driver cuMemAddressReserve(p: *mut CUdeviceptr, size: usize, align: usize, addr: CUdeviceptr, flags: u64) VmmReserved Alloc
+            => |r| alloc(out(r, p), size as u64).device(-1);
+        Driver cuMemAddressFree(ptr: CUdeviceptr, size: usize) VmmReserved Free => |r| free(ptr).size(size as u64).device(-1);
+        Driver cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, h: CUmemGenericAllocationHandle, flags: u64) VmmMapped Alloc
+            => |r| alloc(ptr, size as u64).extra(h);
+        Driver cuMemUnmap(ptr: CUdeviceptr, size: usize) VmmMapped Free => |r| free(ptr).size(size as u64);
+    }
+    routes {
+        Driver cuGetProcAddress;
+        Driver cuGetProcAddress_v2;
+        Runtime cudaGetDriverEntryPoint;
+        Runtime cudaGetDriverEntryPointByVersion;
+    }
+}
+
+/// Bytes of a pitched allocation: the pitch the call chose times the rows, or the request.
+unsafe fn pitched(r: Status, pitch: *mut usize, width: usize, height: usize, depth: usize) -> u64 {
+    let row = if r == SUCCESS && !pitch.is_null() {
+        // SAFETY: the call succeeded, so it wrote the pitch through this non-null pointer.
+        unsafe { *pitch }
+    } else {
+        width
+    };
+    (row * height * depth) as u64
+}
+
+/// The device a `cuMemCreate` allocates on, from its properties; -1 for host locations.
+unsafe fn prop_device(prop: *const CUmemAllocationProp) -> i32 {
+    if prop.is_null() {
+        return -1;
+    }
+    // SAFETY: the caller passed a valid CUmemAllocationProp (the real call read it too).
+    let p = unsafe { &*prop };
+    if p.location_type == CU_MEM_LOCATION_TYPE_DEVICE {
+        p.location_id
+    } else {
+        -1
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real functions behind the hooks.
+
+static REAL: [AtomicPtr<c_void>; ALL.len()] = [const { AtomicPtr::new(null_mut()) }; ALL.len()];
+
+impl Id {
+    pub fn info(self) -> &'static Hook {
+        &HOOKS[self as usize]
+    }
+
+    /// The hook whose exported symbol is `name`.
+    pub fn by_name(name: &[u8]) -> Option<Id> {
+        ALL.iter().copied().find(|id| id.info().name().as_bytes() == name)
+    }
+
+    /// The hook at this address, if it is one of ours.
+    pub fn by_hook_addr(p: *mut c_void) -> Option<Id> {
+        ALL.iter().copied().find(|id| id.hook_addr() == p)
+    }
+}
+
+/// The real function of `id`, found on first use (next definition after this library).
+pub fn real_ptr(id: Id) -> *mut c_void {
+    let slot = &REAL[id as usize];
+    let p = slot.load(Ordering::Acquire);
+    if !p.is_null() {
+        return p;
+    }
+    let found = crate::resolve::next_definition(id.info().c_name());
+    if found.is_null() {
+        return found;
+    }
+    match slot.compare_exchange(null_mut(), found, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => found,
+        Err(winner) => winner,
+    }
+}
+
+/// The real function of `id` typed as `F`.
+///
+/// # Safety
+/// `F` must be the function pointer type of `id`'s signature.
+pub unsafe fn real<F: Copy>(id: Id) -> Option<F> {
+    let p = real_ptr(id);
+    if p.is_null() {
+        None
+    } else {
+        // SAFETY: `F` is a function pointer type (caller's contract) and `p` is non-null.
+        Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
+    }
+}
+
+/// The real function's address, when the slot is already known (no resolution attempted).
+pub fn known_real(id: Id) -> *mut c_void {
+    REAL[id as usize].load(Ordering::Acquire)
+}
+
+/// Routing met the real function behind `id` (through `dlsym` or `cuGetProcAddress`).
+/// Returns false if a different function is already recorded as the real one: then the
+/// caller must not hand out our hook for `p`, since the hook would call the other function.
+pub fn learn_real(id: Id, p: *mut c_void) -> bool {
+    let slot = &REAL[id as usize];
+    match slot.compare_exchange(null_mut(), p, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => true,
+        Err(existing) => existing == p,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_names_drop_version_and_ptsz_suffixes() {
+        let base = |id: Id| id.info().base_name();
+        assert_eq!(base(Id::cuMemAlloc_v2), "cuMemAlloc");
+        assert_eq!(base(Id::cuMemAllocAsync_ptsz), "cuMemAllocAsync");
+        assert_eq!(base(Id::cuGetProcAddress_v2), "cuGetProcAddress");
+        assert_eq!(base(Id::cuMemCreate), "cuMemCreate");
+        assert!(Id::cuMemFreeAsync_ptsz.info().is_ptsz());
+        assert_eq!(Id::by_name(b"cuMemMap"), Some(Id::cuMemMap));
+    }
+}

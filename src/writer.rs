@@ -1,0 +1,186 @@
+//! Turns events into trace records: interns stacks (each distinct stack is written once), keeps
+//! the module map current, encodes with the format crate and writes the file. Runs on the
+//! writer thread, or on the exiting thread once the writer thread is done.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use gpumemtrace_format::{self as fmt, Encoder, Record};
+
+use crate::modules::{loaded_objects, Object};
+use crate::table::{ALL, HOOKS};
+use crate::tracer::RawEvent;
+
+/// How long recorded events may sit in memory: bounds what a SIGKILL can lose.
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(10);
+const FLUSH_BYTES: usize = 256 * 1024;
+
+pub struct Writer {
+    file: File,
+    pub path: PathBuf,
+    enc: Encoder,
+    buf: Vec<u8>,
+    start_ns: u64,
+    stacks: HashMap<Vec<u64>, u32>,
+    /// Objects written to the trace, by (path, bias).
+    modules: Vec<Object>,
+    /// Addresses found in no loaded object even after a rescan (JIT code...): don't rescan.
+    unmapped: HashSet<u64>,
+    pub events: u64,
+    pub dropped: u64,
+    last_flush: Instant,
+}
+
+impl Writer {
+    /// Writes the header, the process, the hook table and the current module map.
+    pub fn create(file: File, path: PathBuf, start_ns: u64, max_frames: usize) -> io::Result<Writer> {
+        let mut w = Writer {
+            file,
+            path,
+            enc: Encoder::new(),
+            buf: fmt::header().to_vec(),
+            start_ns,
+            stacks: HashMap::new(),
+            modules: Vec::new(),
+            unmapped: HashSet::new(),
+            events: 0,
+            dropped: 0,
+            last_flush: Instant::now(),
+        };
+        w.put(&Record::Process(process_info(start_ns, max_frames)));
+        for (&id, hook) in ALL.iter().zip(HOOKS) {
+            if let Some((kind, op)) = hook.event {
+                w.put(&Record::Api(fmt::Api { id: id as u32, name: hook.name().to_owned(), kind, op }));
+            }
+        }
+        w.rescan_modules();
+        w.flush()?;
+        Ok(w)
+    }
+
+    fn put(&mut self, rec: &Record) {
+        self.enc.encode(rec, &mut self.buf);
+    }
+
+    /// Encodes one event (and its stack and modules, the first time they are seen).
+    pub fn event(&mut self, ev: RawEvent) -> io::Result<()> {
+        let stack = self.intern(ev.frames);
+        self.put(&Record::Event(fmt::Event {
+            api: ev.api,
+            time_ns: ev.time_ns.saturating_sub(self.start_ns),
+            tid: ev.tid,
+            stack,
+            result: ev.result,
+            device: ev.device,
+            addr: ev.addr,
+            size: ev.size,
+            stream: ev.stream,
+            extra: ev.extra,
+        }));
+        self.events += 1;
+        if self.buf.len() >= FLUSH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn intern(&mut self, frames: Vec<u64>) -> u32 {
+        if frames.is_empty() {
+            return 0;
+        }
+        if let Some(&id) = self.stacks.get(&frames) {
+            return id;
+        }
+        // A new stack may run through a library loaded since the last scan.
+        if frames.iter().any(|&a| !self.mapped(a)) {
+            self.rescan_modules();
+            for &a in &frames {
+                if !self.mapped(a) {
+                    self.unmapped.insert(a);
+                }
+            }
+        }
+        let id = self.stacks.len() as u32 + 1;
+        self.put(&Record::Stack(fmt::Stack { id, frames: frames.clone() }));
+        self.stacks.insert(frames, id);
+        id
+    }
+
+    fn mapped(&self, addr: u64) -> bool {
+        self.unmapped.contains(&addr) || self.modules.iter().any(|m| m.contains(addr))
+    }
+
+    fn rescan_modules(&mut self) {
+        for obj in loaded_objects() {
+            if self.modules.iter().any(|m| m.path == obj.path && m.bias == obj.bias) {
+                continue;
+            }
+            let rec = fmt::Module {
+                id: self.modules.len() as u32 + 1,
+                bias: obj.bias,
+                start: obj.start(),
+                end: obj.end(),
+                path: obj.path.clone(),
+                build_id: obj.build_id.clone(),
+            };
+            self.put(&Record::Module(rec));
+            self.modules.push(obj);
+        }
+    }
+
+    pub fn notice(&mut self, msg: &str) {
+        self.put(&Record::Notice(msg.to_owned()));
+    }
+
+    /// Counters; `final_` marks a cleanly finished trace.
+    pub fn stats(&mut self, final_: bool) {
+        let s = fmt::Stats { events: self.events, dropped: self.dropped, final_ };
+        self.put(&Record::Stats(s));
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.last_flush = Instant::now();
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let r = self.file.write_all(&self.buf);
+        self.buf.clear();
+        r
+    }
+
+    pub fn flush_if_due(&mut self) -> io::Result<()> {
+        if !self.buf.is_empty() && self.last_flush.elapsed() >= FLUSH_INTERVAL {
+            self.flush()
+        } else {
+            Ok(())
+        }
+    }
+}
+
+fn process_info(start_ns: u64, max_frames: usize) -> fmt::Process {
+    let args = std::fs::read("/proc/self/cmdline")
+        .map(|b| {
+            b.split(|&c| c == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect()
+        })
+        .unwrap_or_default();
+    let exe = std::fs::read_link("/proc/self/exe").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+    let realtime = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let monotonic = crate::tracer::now_ns();
+    fmt::Process {
+        pid: std::process::id(),
+        // SAFETY: getppid has no preconditions.
+        ppid: unsafe { libc::getppid() } as u32,
+        start_monotonic_ns: start_ns,
+        // Realtime at the moment tracing started (monotonic start shifted to realtime).
+        start_realtime_ns: realtime.saturating_sub(monotonic.saturating_sub(start_ns)),
+        exe,
+        args,
+        max_frames: max_frames as u32,
+    }
+}

@@ -1,0 +1,65 @@
+/*
+ * prog_threads: N threads (argv[1], default 4) each doing M (argv[2], default
+ * 1000) cudaMalloc/cudaFree pairs; every thread leaks exactly one allocation
+ * at the end.  Only the leaked allocations are logged, plus a summary line:
+ *   total_pairs=<N*M> threads=<N> leaks=<N>
+ */
+#include <pthread.h>
+
+#include "cuda_runtime.h"
+#include "testlog.h"
+
+static int iters = 1000;
+
+/* distinct per thread and per iteration, never zero */
+static size_t pair_size(int t, int i) { return 4096 + (size_t)t * 256 + (size_t)(i % 97) * 512; }
+static size_t leak_size(int t) { return 3 * MiB + (size_t)t * 4096; }
+
+static void churn(int t)
+{
+    int i;
+    for (i = 0; i < iters; i++) {
+        void *p = NULL;
+        tl_check("cudaMalloc", cudaMalloc(&p, pair_size(t, i)), 0, __LINE__);
+        tl_check("cudaFree", cudaFree(p), 0, __LINE__);
+    }
+}
+
+static void leak_one(int t)
+{
+    void *p = NULL;
+    ALLOC("cudaMalloc", "device", cudaMalloc(&p, leak_size(t)), p, leak_size(t), 0, 0);
+}
+
+static void *worker(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    churn(t);
+    leak_one(t);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    int n = argc > 1 ? atoi(argv[1]) : 4, i;
+    pthread_t *th;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc > 2)
+        iters = atoi(argv[2]);
+    if (n < 1 || iters < 0) {
+        fprintf(stderr, "usage: %s [threads] [pairs-per-thread]\n", argv[0]);
+        return 2;
+    }
+    MUST(cudaFree(0));
+    th = calloc((size_t)n, sizeof(*th));
+    for (i = 0; i < n; i++)
+        if (pthread_create(&th[i], NULL, worker, (void *)(intptr_t)i) != 0) {
+            fprintf(stderr, "EMUCUDA-TEST-FAILURE: pthread_create\n");
+            return 1;
+        }
+    for (i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+    free(th);
+    printf("total_pairs=%lld threads=%d leaks=%d\n", (long long)n * iters, n, n);
+    return 0;
+}

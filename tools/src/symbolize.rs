@@ -1,0 +1,298 @@
+//! Offline symbolization of the return addresses in a trace, with its module map.
+//!
+//! A [`Symbolizer`] outlives the traces of one invocation, so that a directory of traces from
+//! one job (all loading the same big libraries) parses each object file once.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use addr2line::Loader;
+use gpumemtrace_format::Module;
+use memmap2::Mmap;
+use object::{Object, ObjectSection};
+use serde::Serialize;
+
+/// One symbolized frame. An address inside inlined code yields several, innermost first,
+/// all with the same `address`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+pub struct Frame {
+    pub function: Option<String>,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    /// Path of the module the address lies in.
+    pub module: Option<String>,
+    /// The raw return address from the trace.
+    pub address: u64,
+    /// Address relative to the module (`address - bias`), for `module+0xoffset` display.
+    #[serde(skip)]
+    pub offset: Option<u64>,
+}
+
+impl Frame {
+    /// The module's file name (`libfoo.so`), without its directory.
+    pub fn module_name(&self) -> Option<&str> {
+        self.module.as_deref().map(file_name)
+    }
+
+    /// `function file.c:12`, `function`, `libfoo.so+0x1234` or `0x7f00...`: the best we know.
+    pub fn describe(&self) -> String {
+        let mut s = match (&self.function, self.module_name(), self.offset) {
+            (Some(f), _, _) => f.clone(),
+            (None, Some(m), Some(off)) => format!("{m}+{off:#x}"),
+            _ => format!("{:#x}", self.address),
+        };
+        if let Some(file) = &self.file {
+            s.push(' ');
+            s.push_str(file_name(file));
+            if let Some(line) = self.line {
+                s.push_str(&format!(":{line}"));
+            }
+        }
+        s
+    }
+}
+
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// The debug information of one object file. Loaders are tried in order: a separate debug
+/// file (when the object has no DWARF of its own) first, then the object itself.
+struct DebugInfo {
+    loaders: Vec<Loader>,
+}
+
+/// Parsed object files, keyed by path and the build-id the trace recorded.
+/// `None`: unusable (missing, rebuilt, not an object); warned about once.
+#[derive(Default)]
+pub struct Symbolizer {
+    objects: HashMap<(String, Vec<u8>), Option<DebugInfo>>,
+}
+
+impl Symbolizer {
+    pub fn new() -> Symbolizer {
+        Symbolizer::default()
+    }
+
+    /// A symbolizer for one trace's module map.
+    pub fn for_trace<'a>(&'a mut self, modules: &'a [Module]) -> TraceSymbolizer<'a> {
+        TraceSymbolizer { objects: &mut self.objects, modules, cache: HashMap::new() }
+    }
+}
+
+pub struct TraceSymbolizer<'a> {
+    objects: &'a mut HashMap<(String, Vec<u8>), Option<DebugInfo>>,
+    modules: &'a [Module],
+    cache: HashMap<u64, Vec<Frame>>,
+}
+
+impl TraceSymbolizer<'_> {
+    /// A whole stack, innermost first, inlined frames expanded.
+    pub fn stack(&mut self, addrs: &[u64]) -> Vec<Frame> {
+        addrs.iter().flat_map(|&a| self.address(a).to_vec()).collect()
+    }
+
+    /// The frames of one return address: the inlined chain, innermost first (at least one).
+    pub fn address(&mut self, addr: u64) -> &[Frame] {
+        if !self.cache.contains_key(&addr) {
+            let frames = self.resolve(addr);
+            self.cache.insert(addr, frames);
+        }
+        &self.cache[&addr]
+    }
+
+    fn resolve(&mut self, addr: u64) -> Vec<Frame> {
+        // Modules can be unloaded and others loaded at the same place: the last one wins.
+        let Some(m) = self.modules.iter().rev().find(|m| m.start <= addr && addr < m.end) else {
+            return vec![Frame { address: addr, ..Frame::default() }];
+        };
+        let offset = addr.wrapping_sub(m.bias);
+        let bare = Frame { module: Some(m.path.clone()), address: addr, offset: Some(offset), ..Frame::default() };
+        let debug = self
+            .objects
+            .entry((m.path.clone(), m.build_id.clone()))
+            .or_insert_with(|| DebugInfo::open(m).map_err(|e| eprintln!("warning: {e}")).ok());
+        let Some(debug) = debug else { return vec![bare] };
+        // A return address points after the call; the call itself is one byte earlier.
+        let found = debug.lookup(offset.wrapping_sub(1));
+        if found.is_empty() {
+            return vec![bare];
+        }
+        found
+            .into_iter()
+            .map(|(function, file, line)| Frame { function, file, line, ..bare.clone() })
+            .collect()
+    }
+}
+
+type Location = (Option<String>, Option<String>, Option<u32>);
+
+impl DebugInfo {
+    fn open(m: &Module) -> Result<DebugInfo, String> {
+        // Pseudo-modules such as linux-vdso.so.1 have no file: nothing to warn about.
+        if !m.path.starts_with('/') {
+            return Err(format!("{}: no file to symbolize from", m.path));
+        }
+        let fallback = format!("addresses in it are shown as {}+0xoffset", file_name(&m.path));
+        let file = File::open(&m.path).map_err(|e| format!("cannot open {}: {e}; {fallback}", m.path))?;
+        // SAFETY: read-only mapping; a file changed under us gives wrong names, not UB in practice.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| format!("cannot map {}: {e}", m.path))?;
+        let obj = object::File::parse(&*map).map_err(|e| format!("{}: {e}; {fallback}", m.path))?;
+        let on_disk = obj.build_id().ok().flatten();
+        if let Some(id) = on_disk {
+            if !m.build_id.is_empty() && id != m.build_id.as_slice() {
+                return Err(format!(
+                    "{} on disk (build-id {}) is not the one traced (build-id {}); {fallback}",
+                    m.path,
+                    hex(id),
+                    hex(&m.build_id)
+                ));
+            }
+        }
+        let mut loaders = Vec::new();
+        let has_dwarf = obj.section_by_name(".debug_info").is_some() || obj.section_by_name(".zdebug_info").is_some();
+        if !has_dwarf {
+            let build_id = on_disk.unwrap_or(&m.build_id);
+            if let Some(l) = debug_file_candidates(Path::new(&m.path), build_id, &obj)
+                .into_iter()
+                .find(|p| p.is_file())
+                .and_then(|p| Loader::new(p).ok())
+            {
+                loaders.push(l);
+            }
+        }
+        loaders.push(Loader::new(&m.path).map_err(|e| format!("{}: {e}; {fallback}", m.path))?);
+        Ok(DebugInfo { loaders })
+    }
+
+    /// Function, file and line at a file-relative address, inlined chain innermost first.
+    /// Uses DWARF when some loader has it there, else the symbol table.
+    fn lookup(&self, probe: u64) -> Vec<Location> {
+        for l in &self.loaders {
+            let mut out = Vec::new();
+            if let Ok(mut frames) = l.find_frames(probe) {
+                while let Ok(Some(f)) = frames.next() {
+                    let function = f.function.as_ref().and_then(|n| n.demangle().ok()).map(Cow::into_owned);
+                    let (file, line) = f.location.map_or((None, None), |l| (l.file.map(str::to_owned), l.line));
+                    out.push((function, file, line));
+                }
+            }
+            if out.iter().any(|(f, _, _)| f.is_some()) {
+                return out;
+            }
+        }
+        // No DWARF function: the symbol table (.symtab or .dynsym) names it, maybe with a
+        // line from a line table.
+        let function = self
+            .loaders
+            .iter()
+            .find_map(|l| l.find_symbol(probe))
+            .map(|s| addr2line::demangle_auto(Cow::Borrowed(s), None).into_owned());
+        let location = self.loaders.iter().find_map(|l| l.find_location(probe).ok().flatten());
+        let (file, line) = location.map_or((None, None), |l| (l.file.map(str::to_owned), l.line));
+        if function.is_none() && file.is_none() {
+            return Vec::new();
+        }
+        vec![(function, file, line)]
+    }
+}
+
+/// Where distributions put separate debug files: by build-id, then by .gnu_debuglink next to
+/// the object, in its .debug directory, and under /usr/lib/debug.
+fn debug_file_candidates(path: &Path, build_id: &[u8], obj: &object::File) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    if build_id.len() > 1 {
+        let h = hex(build_id);
+        v.push(PathBuf::from(format!("/usr/lib/debug/.build-id/{}/{}.debug", &h[..2], &h[2..])));
+    }
+    if let (Ok(Some((name, _crc))), Some(dir)) = (obj.gnu_debuglink(), path.parent()) {
+        let name = String::from_utf8_lossy(name).into_owned();
+        v.push(dir.join(&name));
+        v.push(dir.join(".debug").join(&name));
+        v.push(Path::new("/usr/lib/debug").join(dir.strip_prefix("/").unwrap_or(dir)).join(&name));
+    }
+    v.retain(|p| p != path);
+    v
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn probe_target(x: u64) -> u64 {
+        std::hint::black_box(x).wrapping_mul(3)
+    }
+
+    /// The Module record the tracer would write for the object containing `addr`.
+    fn module_containing(addr: u64) -> Module {
+        struct Search {
+            addr: u64,
+            found: Option<Module>,
+        }
+        unsafe extern "C" fn callback(info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut libc::c_void) -> libc::c_int {
+            let s = &mut *(data as *mut Search);
+            let info = &*info;
+            let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
+            let (mut start, mut end) = (u64::MAX, 0);
+            for p in phdrs.iter().filter(|p| p.p_type == libc::PT_LOAD) {
+                start = start.min(info.dlpi_addr + p.p_vaddr);
+                end = end.max(info.dlpi_addr + p.p_vaddr + p.p_memsz);
+            }
+            if start <= s.addr && s.addr < end {
+                let name = std::ffi::CStr::from_ptr(info.dlpi_name).to_string_lossy().into_owned();
+                // The main program has an empty name.
+                let path = if name.is_empty() { std::env::current_exe().unwrap().display().to_string() } else { name };
+                s.found = Some(Module { id: 1, bias: info.dlpi_addr, start, end, path, build_id: Vec::new() });
+                return 1;
+            }
+            0
+        }
+        let mut s = Search { addr, found: None };
+        unsafe { libc::dl_iterate_phdr(Some(callback), &mut s as *mut Search as *mut libc::c_void) };
+        s.found.expect("no loaded object contains the address")
+    }
+
+    #[test]
+    fn symbolizes_a_function_of_this_test_binary() {
+        let addr = probe_target as usize as u64;
+        assert_eq!(probe_target(1), 3);
+        let module = module_containing(addr);
+        let modules = [module.clone()];
+        let mut sym = Symbolizer::new();
+        let mut t = sym.for_trace(&modules);
+        // As if a call returned to the function's second byte: the lookup is of its first.
+        let frames = t.address(addr + 1).to_vec();
+        let f = &frames[0];
+        assert!(f.function.as_deref().unwrap().ends_with("symbolize::tests::probe_target"), "{f:?}");
+        assert!(f.file.as_deref().unwrap().ends_with("tools/src/symbolize.rs"), "{f:?}");
+        assert!(f.line.is_some());
+        assert_eq!((f.address, f.module.as_deref()), (addr + 1, Some(module.path.as_str())));
+        assert!(f.describe().starts_with("gpumemtrace::symbolize::tests::probe_target symbolize.rs:"), "{}", f.describe());
+    }
+
+    #[test]
+    fn missing_or_rebuilt_modules_fall_back_to_module_offset() {
+        let exe = std::env::current_exe().unwrap().display().to_string();
+        let modules = [
+            Module { id: 1, bias: 0x1000_0000, start: 0x1000_0000, end: 0x1100_0000, path: "/nonexistent/libfoo.so".into(), build_id: vec![] },
+            Module { id: 2, bias: 0x2000_0000, start: 0x2000_0000, end: 0x2100_0000, path: exe, build_id: vec![1, 2, 3, 4] },
+        ];
+        let mut sym = Symbolizer::new();
+        let mut t = sym.for_trace(&modules);
+        let f = t.address(0x1000_1234)[0].clone();
+        assert_eq!((f.function, f.offset, f.describe()), (None, Some(0x1234), "libfoo.so+0x1234".to_string()));
+        // The test binary has a build-id that is not 01020304 (rustc always writes one? not
+        // necessarily: without one the check cannot be made and symbolization proceeds).
+        let f = t.address(0x2000_0010)[0].clone();
+        assert_eq!(f.offset, Some(0x10));
+        let unmapped = t.address(0x42)[0].clone();
+        assert_eq!((unmapped.module, unmapped.describe()), (None, "0x42".to_string()));
+    }
+}
