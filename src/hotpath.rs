@@ -40,6 +40,9 @@ pub fn traced(id: Id, call: impl FnOnce() -> Status, describe: impl FnOnce(Statu
 
 fn record(id: Id, result: Status, f: Fields) {
     let time = tracer::now_ns();
+    if !tracer::ensure_started() {
+        return;
+    }
     let device = match f.device {
         Some(d) => d,
         None => resolve::current_device(),

@@ -91,11 +91,16 @@ pub fn disable(why: &str) {
     }
 }
 
-/// Hands an event to the writer (starting the tracer on the first one).
-pub fn submit(ev: RawEvent) {
+/// Starts the tracer on the process's first allocation call; false if tracing is off.
+pub fn ensure_started() -> bool {
     if matches!(STATE.load(SeqCst), UNINIT | STARTING) {
         start();
     }
+    !is_off()
+}
+
+/// Hands an event to the writer.
+pub fn submit(ev: RawEvent) {
     IN_FLIGHT.fetch_add(1, SeqCst);
     match (STATE.load(SeqCst), tracer()) {
         (RUNNING, Some(t)) => {

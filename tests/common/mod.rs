@@ -1,0 +1,187 @@
+//! Shared test harness: builds the emulated CUDA, runs programs under the preload library and
+//! reads what they logged and what the trace recorded.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use gpumemtrace_format::{Api, Event, MemKind, Module, Reader, Record, Stack, Stats};
+
+/// target/debug (or wherever cargo put this test binary's parent).
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+/// The preload library under test; `cargo build --workspace` makes it.
+pub fn shim() -> PathBuf {
+    let p = target_dir().join("libgpumemtrace.so");
+    assert!(p.exists(), "{} is missing: run `cargo build --workspace` before the tests", p.display());
+    p
+}
+
+/// The CLI binary.
+pub fn cli() -> PathBuf {
+    let p = target_dir().join("gpumemtrace");
+    assert!(p.exists(), "{} is missing: run `cargo build --workspace` before the tests", p.display());
+    p
+}
+
+/// Directory holding the emulated libcuda/libcudart and the test programs (built once).
+pub fn emu() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = target_dir().join("emucuda");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/emucuda");
+        let st = Command::new("make").arg("-s").arg("-C").arg(&src).arg(format!("OUT={}", out.display())).status();
+        assert!(st.map(|s| s.success()).unwrap_or(false), "building the emulated CUDA failed (needs gcc and make)");
+        out
+    })
+}
+
+/// A fresh, empty scratch directory.
+pub fn scratch(name: &str) -> PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let d = target_dir().join("test-scratch").join(format!("{name}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// One line a test program printed about a call it made.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Logged {
+    pub op: String,
+    pub api: String,
+    pub kind: String,
+    pub ptr: u64,
+    pub size: Option<u64>,
+    pub result: u32,
+    pub line: u32,
+    pub device: Option<i32>,
+    pub handle: Option<u64>,
+}
+
+pub fn parse_log(stdout: &str) -> Vec<Logged> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("op="))
+        .map(|l| {
+            let kv: HashMap<&str, &str> = l.split_whitespace().filter_map(|f| f.split_once('=')).collect();
+            let hex = |v: &str| u64::from_str_radix(v.trim_start_matches("0x"), 16).unwrap();
+            Logged {
+                op: kv["op"].into(),
+                api: kv["api"].into(),
+                kind: kv["kind"].into(),
+                ptr: hex(kv["ptr"]),
+                size: kv.get("size").map(|v| v.parse().unwrap()),
+                result: kv["result"].parse::<i64>().unwrap() as u32,
+                line: kv["line"].parse().unwrap(),
+                device: kv.get("device").map(|v| v.parse().unwrap()),
+                handle: kv.get("handle").map(|v| hex(v)),
+            }
+        })
+        .collect()
+}
+
+/// What a trace file holds, decoded.
+#[derive(Default, Debug)]
+pub struct TraceData {
+    pub apis: HashMap<u32, Api>,
+    pub events: Vec<Event>,
+    pub stacks: HashMap<u32, Stack>,
+    pub modules: Vec<Module>,
+    pub stats: Option<Stats>,
+    pub notices: Vec<String>,
+    pub pid: u32,
+}
+
+impl TraceData {
+    pub fn api(&self, e: &Event) -> &Api {
+        &self.apis[&e.api]
+    }
+    pub fn api_name(&self, e: &Event) -> &str {
+        &self.api(e).name
+    }
+}
+
+pub fn read_trace(path: &Path) -> TraceData {
+    let f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut t = TraceData::default();
+    for rec in Reader::new(std::io::BufReader::new(f)).unwrap() {
+        match rec.unwrap_or_else(|e| panic!("{}: {e}", path.display())) {
+            Record::Process(p) => t.pid = p.pid,
+            Record::Api(a) => {
+                t.apis.insert(a.id, a);
+            }
+            Record::Event(e) => t.events.push(e),
+            Record::Stack(s) => {
+                t.stacks.insert(s.id, s);
+            }
+            Record::Module(m) => t.modules.push(m),
+            Record::Stats(s) => t.stats = Some(s),
+            Record::Notice(n) => t.notices.push(n),
+            Record::Unknown(_) => {}
+        }
+    }
+    t
+}
+
+pub struct Run {
+    pub out: Output,
+    pub stdout: String,
+    pub stderr: String,
+    pub dir: PathBuf,
+    pub logged: Vec<Logged>,
+    /// Trace files the run produced.
+    pub traces: Vec<PathBuf>,
+}
+
+impl Run {
+    /// The one trace of the run.
+    pub fn trace(&self) -> TraceData {
+        assert_eq!(self.traces.len(), 1, "expected one trace, got {:?}\nstderr: {}", self.traces, self.stderr);
+        read_trace(&self.traces[0])
+    }
+}
+
+/// Runs an emulated-CUDA program with the preload library, traces going to a fresh directory.
+pub fn run_traced(prog: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let dir = scratch(prog);
+    let mut cmd = Command::new(emu().join(prog));
+    cmd.args(args)
+        .current_dir(&dir)
+        .env("LD_PRELOAD", shim())
+        .env("GPUMEMTRACE_OUTPUT", format!("{}/", dir.display()))
+        .env("EMUCUDA_DEVICES", "2");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    finish(cmd.output().unwrap(), dir)
+}
+
+pub fn finish(out: Output, dir: PathBuf) -> Run {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let mut traces: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "trace"))
+        .collect();
+    traces.sort();
+    Run { logged: parse_log(&stdout), out, stdout, stderr, dir, traces }
+}
+
+pub fn kind_name(k: MemKind) -> &'static str {
+    match k {
+        MemKind::Device => "device",
+        MemKind::Managed => "managed",
+        MemKind::HostPinned => "host",
+        MemKind::VmmPhysical => "vmm_physical",
+        MemKind::VmmReserved => "vmm_reserved",
+        MemKind::VmmMapped => "vmm_mapped",
+    }
+}

@@ -1,0 +1,611 @@
+//! The `summary` report: per device and memory kind, what was allocated, the peak and who
+//! held it, what was still live at the end; then failed allocations and bad frees.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use gpumemtrace_format::MemKind;
+use serde::Serialize;
+
+use super::{cut, locate, sites, Located, Site};
+use crate::model::{Outcome, Trace};
+use crate::symbolize::{Frame, Symbolizer};
+use crate::units::{cuda_result, seconds, size};
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub json: bool,
+    /// Items per list; `None`: 10 in the terminal, all in JSON.
+    pub top: Option<usize>,
+    /// Frames shown per site in the terminal, starting at the site.
+    pub frames: usize,
+    pub device: Option<i32>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { json: false, top: None, frames: 1, device: None }
+    }
+}
+
+const DEFAULT_TOP: usize = 10;
+
+// The JSON schema (a contract with the integration tests). Fields marked `skip` are only
+// for the terminal.
+
+#[derive(Serialize)]
+struct Json<'a> {
+    traces: &'a [TraceReport],
+}
+
+#[derive(Debug, Serialize)]
+pub struct TraceReport {
+    pub path: String,
+    pub pid: u32,
+    pub exe: String,
+    pub args: Vec<String>,
+    pub status: &'static str,
+    pub stopped_at: Option<u64>,
+    pub error: Option<String>,
+    pub events: u64,
+    pub dropped: u64,
+    pub notices: Vec<String>,
+    pub groups: Vec<GroupReport>,
+    pub devices: Vec<DeviceReport>,
+    pub failures: Vec<FailureReport>,
+    pub unknown_frees: Vec<FreeReport>,
+    /// A final Stats record was read: the tracer shut down cleanly.
+    #[serde(skip)]
+    finished: bool,
+    #[serde(skip)]
+    unknown_api_events: u64,
+    #[serde(skip)]
+    more_failures: usize,
+    /// Includes bad frees the model only counted.
+    #[serde(skip)]
+    more_unknown_frees: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GroupReport {
+    pub device: i32,
+    pub kind: &'static str,
+    pub allocations: u64,
+    pub allocated_bytes: u64,
+    pub frees: u64,
+    pub failed: u64,
+    pub peak_bytes: u64,
+    pub peak_time_ns: u64,
+    pub peak_sites: Vec<Site>,
+    pub live_bytes: u64,
+    pub live_count: u64,
+    pub leak_sites: Vec<Site>,
+    #[serde(skip)]
+    double_allocs: u64,
+    /// Live allocations at the peak.
+    #[serde(skip)]
+    peak_count: u64,
+    #[serde(skip)]
+    more_peak_sites: usize,
+    #[serde(skip)]
+    more_leak_sites: usize,
+    #[serde(skip)]
+    occupies_gpu: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeviceReport {
+    pub device: i32,
+    pub peak_bytes: u64,
+    pub peak_time_ns: u64,
+    pub live_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FailureReport {
+    pub api: String,
+    pub device: i32,
+    pub kind: &'static str,
+    pub size: u64,
+    pub result: u32,
+    pub time_ns: u64,
+    pub live_bytes_on_device: u64,
+    #[serde(flatten)]
+    pub located: Located,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FreeReport {
+    pub api: String,
+    pub addr: u64,
+    pub result: u32,
+    pub time_ns: u64,
+    #[serde(flatten)]
+    pub located: Located,
+}
+
+/// The trace files named by the command line: files as given, directories expanded to
+/// their `*.trace` files, sorted.
+pub fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+    let mut out = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let mut found = trace_files(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            if found.is_empty() {
+                return Err(format!("{}: no *.trace files in this directory", p.display()));
+            }
+            found.sort();
+            out.extend(found);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// The `*.trace` files directly in `dir`, unsorted.
+pub fn trace_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut v = Vec::new();
+    for entry in dir.read_dir()? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "trace") && path.is_file() {
+            v.push(path);
+        }
+    }
+    Ok(v)
+}
+
+/// Summarizes `paths` (trace files) to `out`. Unreadable files are reported on stderr and
+/// skipped; returns false when there was one.
+pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result<bool> {
+    let mut sym = Symbolizer::new();
+    let mut reports = Vec::new();
+    let mut all_read = true;
+    for path in paths {
+        match Trace::load(path) {
+            Ok(trace) => {
+                warn_outcome(path, &trace.outcome);
+                reports.push(build(path, &trace, &mut sym, opts));
+            }
+            Err(e) => {
+                eprintln!("gpumemtrace: {e}");
+                all_read = false;
+            }
+        }
+    }
+    if opts.json {
+        serde_json::to_writer_pretty(&mut *out, &Json { traces: &reports })?;
+        writeln!(out)?;
+    } else {
+        for (i, r) in reports.iter().enumerate() {
+            if i > 0 {
+                writeln!(out)?;
+            }
+            render(r, opts, out)?;
+        }
+    }
+    Ok(all_read)
+}
+
+fn warn_outcome(path: &Path, outcome: &Outcome) {
+    let p = path.display();
+    match outcome {
+        Outcome::Complete => {}
+        Outcome::Truncated { offset } => eprintln!(
+            "warning: {p}: the trace is truncated at byte {offset} (the process may have been killed); \
+             the summary covers the events before it"
+        ),
+        Outcome::Corrupt { offset, message } => eprintln!(
+            "warning: {p}: the trace is corrupt at byte {offset} ({message}); the summary covers the events before it"
+        ),
+    }
+}
+
+/// Builds the report of one trace: symbolizes, aggregates by site, filters, cuts.
+pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -> TraceReport {
+    // The terminal is for reading, JSON for tools: only the terminal cuts lists by default.
+    let top = if opts.json { opts.top } else { Some(opts.top.unwrap_or(DEFAULT_TOP)) };
+    let wanted = |device: i32| opts.device.is_none_or(|d| d == device);
+    let mut sym = sym.for_trace(&trace.modules);
+
+    let mut groups = Vec::new();
+    for (key, g) in trace.groups.iter().filter(|(k, _)| wanted(k.device)) {
+        let mut peak_sites = sites(&g.peak_stacks, trace, &mut sym);
+        let mut leak_sites = sites(&g.leak_stacks, trace, &mut sym);
+        groups.push(GroupReport {
+            device: key.device,
+            kind: key.kind.name(),
+            allocations: g.allocations,
+            allocated_bytes: g.allocated_bytes,
+            frees: g.frees,
+            failed: g.failed,
+            peak_bytes: g.peak_bytes,
+            peak_time_ns: g.peak_time_ns,
+            peak_count: g.peak_stacks.iter().map(|u| u.count).sum(),
+            more_peak_sites: cut(&mut peak_sites, top),
+            peak_sites,
+            live_bytes: g.live_bytes,
+            live_count: g.live_count,
+            more_leak_sites: cut(&mut leak_sites, top),
+            leak_sites,
+            double_allocs: g.double_allocs,
+            occupies_gpu: matches!(key.kind, MemKind::Device | MemKind::Managed | MemKind::VmmPhysical),
+        });
+    }
+    let devices = trace
+        .devices
+        .iter()
+        .filter(|(d, _)| wanted(**d))
+        .map(|(&device, t)| DeviceReport { device, peak_bytes: t.peak_bytes, peak_time_ns: t.peak_time_ns, live_bytes: t.live_bytes })
+        .collect();
+
+    let mut failures: Vec<FailureReport> = trace
+        .failures
+        .iter()
+        .filter(|f| wanted(f.device))
+        .map(|f| FailureReport {
+            api: f.api.clone(),
+            device: f.device,
+            kind: f.kind.name(),
+            size: f.size,
+            result: f.result,
+            time_ns: f.time_ns,
+            live_bytes_on_device: f.live_bytes_on_device,
+            located: locate(trace, &mut sym, f.stack),
+        })
+        .collect();
+    let more_failures = cut(&mut failures, top);
+    let mut unknown_frees: Vec<FreeReport> = trace
+        .bad_frees
+        .iter()
+        .filter(|f| wanted(f.device))
+        .map(|f| FreeReport {
+            api: f.api.clone(),
+            addr: f.addr,
+            result: f.result,
+            time_ns: f.time_ns,
+            located: locate(trace, &mut sym, f.stack),
+        })
+        .collect();
+    let more_unknown_frees = cut(&mut unknown_frees, top) as u64 + trace.bad_frees_omitted;
+
+    let process = trace.process.clone().unwrap_or_default();
+    let (status, stopped_at, error) = match &trace.outcome {
+        Outcome::Complete => ("complete", None, None),
+        Outcome::Truncated { offset } => {
+            ("truncated", Some(*offset), Some(format!("the trace ends inside the record at byte {offset}")))
+        }
+        Outcome::Corrupt { offset, message } => {
+            ("corrupt", Some(*offset), Some(format!("the record at byte {offset} is corrupt: {message}")))
+        }
+    };
+    TraceReport {
+        path: path.display().to_string(),
+        pid: process.pid,
+        exe: process.exe,
+        args: process.args,
+        status,
+        stopped_at,
+        error,
+        events: trace.events,
+        dropped: trace.stats.map_or(0, |s| s.dropped),
+        notices: trace.notices.clone(),
+        groups,
+        devices,
+        failures,
+        unknown_frees,
+        finished: trace.stats.is_some_and(|s| s.final_),
+        unknown_api_events: trace.unknown_api_events,
+        more_failures,
+        more_unknown_frees,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Terminal output
+
+fn device_name(device: i32) -> String {
+    if device < 0 { "host".to_string() } else { format!("device {device}") }
+}
+
+/// The site line and, with `--frames N`, its callers: N frames starting at the site.
+fn site_lines(site: &Frame, frames: &[Frame], site_index: usize, n: usize) -> Vec<String> {
+    if frames.is_empty() {
+        return vec!["(no stack captured)".to_string()];
+    }
+    let mut v = vec![site.describe()];
+    v.extend(frames.iter().skip(site_index + 1).take(n.saturating_sub(1)).map(|f| format!("from {}", f.describe())));
+    v
+}
+
+fn render_sites(sites: &[Site], more: usize, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
+    for s in sites {
+        let lines = site_lines(&s.site, &s.frames, s.site_index, opts.frames);
+        writeln!(out, "  {:>10} {:>5}x  {}", size(s.bytes), s.count, lines[0])?;
+        for l in &lines[1..] {
+            writeln!(out, "  {:>10} {:>5}   {l}", "", "")?;
+        }
+    }
+    if more > 0 {
+        writeln!(out, "  ... and {more} more sites (see --top)")?;
+    }
+    Ok(())
+}
+
+/// Writes one trace's report for people.
+pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
+    let complete = r.status == "complete";
+    let mut status = match (r.status, r.stopped_at) {
+        ("complete", _) => "complete".to_string(),
+        (s, Some(at)) => format!("{} at byte {at}", s.to_uppercase()),
+        (s, None) => s.to_uppercase(),
+    };
+    if complete && !r.finished {
+        status.push_str(" (no final stats record: the process may not have exited normally)");
+    }
+    let mut cmd = format!("pid {} {}", r.pid, r.exe);
+    if !r.args.is_empty() {
+        cmd.push_str(&format!(" ({})", r.args.join(" ")));
+    }
+    writeln!(out, "{}: {cmd}, {} events, {status}", r.path, r.events)?;
+    if r.dropped > 0 {
+        writeln!(out, "  warning: the tracer dropped {} events; the numbers below miss them", r.dropped)?;
+    }
+    if r.unknown_api_events > 0 {
+        writeln!(out, "  warning: {} events name an API the trace does not describe; they were skipped", r.unknown_api_events)?;
+    }
+    for n in &r.notices {
+        writeln!(out, "  notice: {n}")?;
+    }
+    if r.groups.is_empty() && r.failures.is_empty() && r.unknown_frees.is_empty() {
+        writeln!(out, "no allocations")?;
+    }
+
+    let live_label = if complete { "live at end (leaked)" } else { "live when the trace stops" };
+    for g in &r.groups {
+        let mut head = format!(
+            "{}, {} memory: {} allocations, {} allocated, {} frees, {} failed",
+            device_name(g.device),
+            g.kind,
+            g.allocations,
+            size(g.allocated_bytes),
+            g.frees,
+            g.failed
+        );
+        if g.double_allocs > 0 {
+            head.push_str(&format!(", {} allocations at addresses already live (missed frees)", g.double_allocs));
+        }
+        writeln!(out, "{head}")?;
+        if g.allocations == 0 {
+            continue;
+        }
+        writeln!(out, "  peak {} ({} live) at {}:", size(g.peak_bytes), g.peak_count, seconds(g.peak_time_ns))?;
+        render_sites(&g.peak_sites, g.more_peak_sites, opts, out)?;
+        if g.live_count == 0 {
+            writeln!(out, "  all freed by the end")?;
+        } else {
+            writeln!(out, "  {live_label} {} in {} allocations:", size(g.live_bytes), g.live_count)?;
+            render_sites(&g.leak_sites, g.more_leak_sites, opts, out)?;
+        }
+    }
+    // The per-device total only adds information when several kinds share the device.
+    for d in &r.devices {
+        let kinds: Vec<&str> = r.groups.iter().filter(|g| g.device == d.device && g.occupies_gpu).map(|g| g.kind).collect();
+        if kinds.len() > 1 {
+            writeln!(
+                out,
+                "{} total ({}): peak {} at {}, {} live at end",
+                device_name(d.device),
+                kinds.join(" + "),
+                size(d.peak_bytes),
+                seconds(d.peak_time_ns),
+                size(d.live_bytes)
+            )?;
+        }
+    }
+
+    if !r.failures.is_empty() {
+        writeln!(out, "failed allocations:")?;
+        for f in &r.failures {
+            let lines = site_lines(&f.located.site, &f.located.frames, f.located.site_index, opts.frames);
+            writeln!(
+                out,
+                "  {} {} on {} -> {} at {}, {} live on {}  at  {}",
+                f.api,
+                size(f.size),
+                device_name(f.device),
+                cuda_result(f.result),
+                seconds(f.time_ns),
+                size(f.live_bytes_on_device),
+                device_name(f.device),
+                lines[0]
+            )?;
+            for l in &lines[1..] {
+                writeln!(out, "      {l}")?;
+            }
+        }
+        if r.more_failures > 0 {
+            writeln!(out, "  ... and {} more", r.more_failures)?;
+        }
+    }
+    if !r.unknown_frees.is_empty() {
+        writeln!(out, "frees of unknown pointers, and failed frees:")?;
+        for f in &r.unknown_frees {
+            let lines = site_lines(&f.located.site, &f.located.frames, f.located.site_index, opts.frames);
+            let result = if f.result == 0 { "not allocated in the trace".to_string() } else { cuda_result(f.result) };
+            writeln!(out, "  {} {:#x} -> {result} at {}  at  {}", f.api, f.addr, seconds(f.time_ns), lines[0])?;
+            for l in &lines[1..] {
+                writeln!(out, "      {l}")?;
+            }
+        }
+    }
+    if r.more_unknown_frees > 0 {
+        writeln!(out, "  ... and {} more", r.more_unknown_frees)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tests::*;
+    use gpumemtrace_format::{Module, Record, Stats};
+    use serde_json::{json, Value};
+
+    fn report(b: &TraceBuilder, opts: &Options) -> TraceReport {
+        let trace = b.load();
+        build(Path::new("t.trace"), &trace, &mut Symbolizer::new(), opts)
+    }
+
+    fn json_of(b: &TraceBuilder, opts: &Options) -> Value {
+        let r = report(b, &Options { json: true, ..opts.clone() });
+        serde_json::to_value(Json { traces: &[r] }).unwrap()["traces"][0].clone()
+    }
+
+    fn frame(address: u64) -> Value {
+        json!({"function": null, "file": null, "line": null, "module": null, "address": address})
+    }
+
+    fn sample() -> TraceBuilder {
+        let mut b = TraceBuilder::new();
+        b.stack(1, &[0x100, 0x200])
+            .stack(2, &[0x300])
+            .ok(MALLOC, 1_000, 0x1000, 100, 1)
+            .ok(MALLOC, 2_000, 0x2000, 300, 2)
+            .ok(MALLOC, 3_000, 0x3000, 100, 1)
+            .ok(FREE, 4_000, 0x2000, 0, 0)
+            .call(MALLOC, 5_000, 0, 0, 1 << 30, 2, 2)
+            .ok(FREE, 6_000, 0xdead, 0, 1)
+            .rec(Record::Notice("hello".into()))
+            .rec(Record::Stats(Stats { events: 7, dropped: 4, final_: true }));
+        b
+    }
+
+    #[test]
+    fn json_follows_the_schema() {
+        let v = json_of(&sample(), &Options::default());
+        let site1 = json!({"bytes": 200, "count": 2, "function": null, "file": null, "line": null, "module": null,
+                           "address": 0x100, "frames": [frame(0x100), frame(0x200)]});
+        let expected = json!({
+            "path": "t.trace", "pid": 1234, "exe": "/usr/bin/demo", "args": ["demo", "--fast"],
+            "status": "complete", "stopped_at": null, "error": null,
+            "events": 6, "dropped": 4, "notices": ["hello"],
+            "groups": [{
+                "device": 0, "kind": "device", "allocations": 3, "allocated_bytes": 500, "frees": 1, "failed": 1,
+                "peak_bytes": 500, "peak_time_ns": 3_000,
+                "peak_sites": [
+                    {"bytes": 300, "count": 1, "function": null, "file": null, "line": null, "module": null,
+                     "address": 0x300, "frames": [frame(0x300)]},
+                    site1,
+                ],
+                "live_bytes": 200, "live_count": 2, "leak_sites": [site1],
+            }],
+            "devices": [{"device": 0, "peak_bytes": 500, "peak_time_ns": 3_000, "live_bytes": 200}],
+            "failures": [{"api": "cudaMalloc", "device": 0, "kind": "device", "size": 1u64 << 30, "result": 2,
+                          "time_ns": 5_000, "live_bytes_on_device": 200, "site": frame(0x300), "frames": [frame(0x300)]}],
+            "unknown_frees": [{"api": "cudaFree", "addr": 0xdead, "result": 0, "time_ns": 6_000,
+                               "site": frame(0x100), "frames": [frame(0x100), frame(0x200)]}],
+        });
+        assert_eq!(v, expected);
+    }
+
+    #[test]
+    fn json_status_of_a_truncated_trace() {
+        let mut b = sample();
+        let len = b.bytes.len();
+        b.bytes.truncate(len - 1);
+        let v = json_of(&b, &Options::default());
+        assert_eq!(v["status"], "truncated");
+        assert!(v["stopped_at"].as_u64().unwrap() > 12);
+        assert!(v["error"].as_str().unwrap().contains("byte"));
+        assert_eq!(v["dropped"], 0); // the Stats record was the one cut
+    }
+
+    #[test]
+    fn top_and_device_filter() {
+        let mut b = TraceBuilder::new();
+        for i in 0..12u64 {
+            b.stack(i as u32 + 1, &[0x1000 + i]).ok(MALLOC, i, 0x10_000 + i, 1000 - i, i as u32 + 1);
+        }
+        b.call(MALLOC, 20, 1, 0x9000, 5, 0, 0);
+        // JSON lists are complete unless --top is given.
+        let v = json_of(&b, &Options::default());
+        assert_eq!(v["groups"][0]["leak_sites"].as_array().unwrap().len(), 12);
+        assert_eq!(v["groups"].as_array().unwrap().len(), 2);
+        let v = json_of(&b, &Options { top: Some(3), device: Some(1), ..Options::default() });
+        assert_eq!(v["groups"].as_array().unwrap().len(), 1);
+        assert_eq!(v["groups"][0]["device"], 1);
+        assert_eq!(v["devices"].as_array().unwrap().len(), 1);
+        let v = json_of(&b, &Options { top: Some(3), ..Options::default() });
+        let bytes: Vec<u64> = v["groups"][0]["leak_sites"].as_array().unwrap().iter().map(|s| s["bytes"].as_u64().unwrap()).collect();
+        assert_eq!(bytes, [1000, 999, 998]);
+        // The terminal shows 10 by default.
+        let r = report(&b, &Options::default());
+        assert_eq!((r.groups[0].leak_sites.len(), r.groups[0].more_leak_sites), (10, 2));
+    }
+
+    #[test]
+    fn sites_merge_by_symbol_and_skip_cuda_frames() {
+        use crate::symbolize::tests::{module_containing, probe_target};
+        let f = probe_target as usize as u64;
+        let mut exe = module_containing(f);
+        exe.id = 2;
+        let mut b = TraceBuilder::new();
+        b.rec(Record::Module(Module {
+            id: 1,
+            bias: 0x5000_0000,
+            start: 0x5000_0000,
+            end: 0x5100_0000,
+            path: "/nonexistent/libcudart.so.12".into(),
+            build_id: vec![],
+        }))
+        .rec(Record::Module(exe))
+        // Different stacks, different CUDA frames, one call site.
+        .stack(1, &[0x5000_1000, f + 1, 0x8000_0000])
+        .stack(2, &[0x5000_2000, f + 1, 0x9000_0000])
+        // Unsymbolized sites stay apart by stack, even at the same address.
+        .stack(3, &[0x5000_3000, 0x7000_0000])
+        .stack(4, &[0x7000_0000])
+        .ok(MALLOC, 1, 0x1, 10, 1)
+        .ok(MALLOC, 2, 0x2, 20, 2)
+        .ok(MALLOC, 3, 0x3, 7, 3)
+        .ok(MALLOC, 4, 0x4, 5, 4);
+        let r = report(&b, &Options::default());
+        let leaks = &r.groups[0].leak_sites;
+        let got: Vec<_> = leaks.iter().map(|s| (s.bytes, s.count, s.site.address, s.site_index)).collect();
+        assert_eq!(got, [(30, 2, f + 1, 1), (7, 1, 0x7000_0000, 1), (5, 1, 0x7000_0000, 0)]);
+        assert!(leaks[0].site.function.as_deref().unwrap().ends_with("probe_target"));
+        // The sample stack is the one that contributed most.
+        assert_eq!(leaks[0].frames[0].describe(), "libcudart.so.12+0x2000");
+        assert_eq!(leaks[0].frames.last().unwrap().address, 0x9000_0000);
+    }
+
+    #[test]
+    fn terminal_output() {
+        let mut out = Vec::new();
+        let r = report(&sample(), &Options::default());
+        render(&r, &Options::default(), &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let expected = "\
+t.trace: pid 1234 /usr/bin/demo (demo --fast), 6 events, complete
+  warning: the tracer dropped 4 events; the numbers below miss them
+  notice: hello
+device 0, device memory: 3 allocations, 500 B allocated, 1 frees, 1 failed
+  peak 500 B (3 live) at 0.000 s:
+       300 B     1x  0x300
+       200 B     2x  0x100
+  live at end (leaked) 200 B in 2 allocations:
+       200 B     2x  0x100
+failed allocations:
+  cudaMalloc 1.0 GiB on device 0 -> error 2 (out of memory) at 0.000 s, 200 B live on device 0  at  0x300
+frees of unknown pointers, and failed frees:
+  cudaFree 0xdead -> not allocated in the trace at 0.000 s  at  0x100
+";
+        assert_eq!(text, expected);
+
+        let mut out = Vec::new();
+        render(&r, &Options { frames: 2, ..Options::default() }, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("       200 B     2x  0x100\n                     from 0x200\n"), "{text}");
+    }
+}
