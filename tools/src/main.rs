@@ -39,8 +39,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Summarize traces: per device and memory kind, the peak and who held it, what was
-    /// still live at the end (leaks), failed allocations and frees of unknown pointers
+    /// Summarize traces: peaks, leaks, failed allocations, bad frees
+    ///
+    /// Per device and memory kind: how much was allocated, the peak and which call sites
+    /// held it, what was still live at the end (leaks); then failed allocations and frees
+    /// of pointers the trace never saw allocated.
     #[command(after_help = "\
 Examples:
   gpumemtrace summary gpumemtrace-1234.trace
@@ -70,7 +73,12 @@ Examples:
         #[command(flatten)]
         report: ReportArgs,
         /// The command and its arguments
-        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+        #[arg(
+            required = true,
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "CMD"
+        )]
         command: Vec<OsString>,
     },
 }
@@ -93,7 +101,12 @@ struct ReportArgs {
 
 impl From<ReportArgs> for summary::Options {
     fn from(a: ReportArgs) -> Self {
-        summary::Options { json: a.json, top: a.top, frames: a.frames.max(1), device: a.device }
+        summary::Options {
+            json: a.json,
+            top: a.top,
+            frames: a.frames.max(1),
+            device: a.device,
+        }
     }
 }
 
@@ -103,8 +116,11 @@ fn main() -> ExitCode {
             let opts = report.into();
             let result = summary::expand(&traces).and_then(|paths| {
                 let mut out = io::stdout().lock();
-                let ok = summary::run(&paths, &opts, &mut out).and_then(|ok| out.flush().map(|_| ok));
-                ok.map_err(|e| e.to_string())
+                match summary::run(&paths, &opts, &mut out).and_then(|ok| out.flush().map(|_| ok)) {
+                    // `gpumemtrace summary ... | head` is not an error.
+                    Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(true),
+                    r => r.map_err(|e| e.to_string()),
+                }
             });
             match result {
                 Ok(true) => ExitCode::SUCCESS,
@@ -115,9 +131,17 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Cmd::Run { output, report, command } => {
+        Cmd::Run {
+            output,
+            report,
+            command,
+        } => {
             let result = run::find_lib().and_then(|lib| {
-                let l = run::Launch { lib, output: output.unwrap_or_else(|| PathBuf::from(".")), command };
+                let l = run::Launch {
+                    lib,
+                    output: output.unwrap_or_else(|| PathBuf::from(".")),
+                    command,
+                };
                 run::launch(&l, &report.into(), &mut io::stderr().lock())
             });
             match result {

@@ -13,7 +13,9 @@ use std::io::{self, BufReader, Read};
 use std::ops::ControlFlow;
 use std::path::Path;
 
-use gpumemtrace_format::{Api, Event, MemKind, Module, Op, Process, ReadError, Reader, Record, Stats};
+use gpumemtrace_format::{
+    Api, Event, MemKind, Module, Op, Process, ReadError, Reader, Record, Stats,
+};
 
 /// How far reading got.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -237,7 +239,10 @@ fn for_each_record<R: Read>(
 fn outcome_of(e: ReadError) -> Result<Outcome, String> {
     match e {
         ReadError::Truncated { offset } => Ok(Outcome::Truncated { offset }),
-        ReadError::Corrupt { offset, what } => Ok(Outcome::Corrupt { offset, message: what }),
+        ReadError::Corrupt { offset, what } => Ok(Outcome::Corrupt {
+            offset,
+            message: what,
+        }),
         e @ (ReadError::BadHeader(_) | ReadError::Io(_)) => Err(e.to_string()),
     }
 }
@@ -256,7 +261,10 @@ fn namespace(kind: MemKind) -> u8 {
 /// Kinds that occupy GPU memory. Reservations use none, mappings only point at physical
 /// memory (counting them would count it twice), pinned memory lives on the host.
 fn occupies_gpu(kind: MemKind) -> bool {
-    matches!(kind, MemKind::Device | MemKind::Managed | MemKind::VmmPhysical)
+    matches!(
+        kind,
+        MemKind::Device | MemKind::Managed | MemKind::VmmPhysical
+    )
 }
 
 struct Live {
@@ -288,8 +296,15 @@ impl Replay {
         let ns = namespace(api.kind);
         match (api.op, e.result == 0) {
             (Op::Alloc, true) => {
-                let key = GroupKey { device: e.device, kind: api.kind };
-                let entry = Live { key, size: e.size, stack: e.stack };
+                let key = GroupKey {
+                    device: e.device,
+                    kind: api.kind,
+                };
+                let entry = Live {
+                    key,
+                    size: e.size,
+                    stack: e.stack,
+                };
                 if let Some(old) = self.live.insert((ns, e.addr), entry) {
                     self.release(&old);
                     self.group(key).double_allocs += 1;
@@ -315,7 +330,10 @@ impl Replay {
                 }
             }
             (Op::Alloc, false) => {
-                let key = GroupKey { device: e.device, kind: api.kind };
+                let key = GroupKey {
+                    device: e.device,
+                    kind: api.kind,
+                };
                 self.group(key).failed += 1;
                 let live_bytes_on_device = self.devices.get(&e.device).map_or(0, |d| d.live_bytes);
                 self.failures.push(Failure {
@@ -373,12 +391,21 @@ impl Replay {
     fn by_stack(&self, key: GroupKey) -> Vec<StackUse> {
         let mut by: HashMap<u32, StackUse> = HashMap::new();
         for l in self.live.values().filter(|l| l.key == key) {
-            let u = by.entry(l.stack).or_insert(StackUse { stack: l.stack, bytes: 0, count: 0 });
+            let u = by.entry(l.stack).or_insert(StackUse {
+                stack: l.stack,
+                bytes: 0,
+                count: 0,
+            });
             u.bytes += l.size;
             u.count += 1;
         }
         let mut v: Vec<StackUse> = by.into_values().collect();
-        v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)).then(a.stack.cmp(&b.stack)));
+        v.sort_by(|a, b| {
+            b.bytes
+                .cmp(&a.bytes)
+                .then(b.count.cmp(&a.count))
+                .then(a.stack.cmp(&b.stack))
+        });
         v
     }
 }
@@ -409,7 +436,10 @@ pub(crate) mod tests {
 
     impl TraceBuilder {
         pub fn new() -> TraceBuilder {
-            let mut b = TraceBuilder { bytes: header().to_vec(), enc: Encoder::new() };
+            let mut b = TraceBuilder {
+                bytes: header().to_vec(),
+                enc: Encoder::new(),
+            };
             b.rec(Record::Process(Process {
                 pid: 1234,
                 ppid: 1,
@@ -421,18 +451,43 @@ pub(crate) mod tests {
             let apis = [
                 (MALLOC, "cudaMalloc", MemKind::Device, Op::Alloc),
                 (FREE, "cudaFree", MemKind::Device, Op::Free),
-                (MALLOC_MANAGED, "cudaMallocManaged", MemKind::Managed, Op::Alloc),
-                (MALLOC_HOST, "cudaMallocHost", MemKind::HostPinned, Op::Alloc),
+                (
+                    MALLOC_MANAGED,
+                    "cudaMallocManaged",
+                    MemKind::Managed,
+                    Op::Alloc,
+                ),
+                (
+                    MALLOC_HOST,
+                    "cudaMallocHost",
+                    MemKind::HostPinned,
+                    Op::Alloc,
+                ),
                 (FREE_HOST, "cudaFreeHost", MemKind::HostPinned, Op::Free),
                 (MEM_CREATE, "cuMemCreate", MemKind::VmmPhysical, Op::Alloc),
                 (MEM_RELEASE, "cuMemRelease", MemKind::VmmPhysical, Op::Free),
-                (ADDRESS_RESERVE, "cuMemAddressReserve", MemKind::VmmReserved, Op::Alloc),
-                (ADDRESS_FREE, "cuMemAddressFree", MemKind::VmmReserved, Op::Free),
+                (
+                    ADDRESS_RESERVE,
+                    "cuMemAddressReserve",
+                    MemKind::VmmReserved,
+                    Op::Alloc,
+                ),
+                (
+                    ADDRESS_FREE,
+                    "cuMemAddressFree",
+                    MemKind::VmmReserved,
+                    Op::Free,
+                ),
                 (MEM_MAP, "cuMemMap", MemKind::VmmMapped, Op::Alloc),
                 (MEM_UNMAP, "cuMemUnmap", MemKind::VmmMapped, Op::Free),
             ];
             for (id, name, kind, op) in apis {
-                b.rec(Record::Api(Api { id, name: name.into(), kind, op }));
+                b.rec(Record::Api(Api {
+                    id,
+                    name: name.into(),
+                    kind,
+                    op,
+                }));
             }
             b
         }
@@ -443,7 +498,10 @@ pub(crate) mod tests {
         }
 
         pub fn stack(&mut self, id: u32, frames: &[u64]) -> &mut Self {
-            self.rec(Record::Stack(Stack { id, frames: frames.to_vec() }))
+            self.rec(Record::Stack(Stack {
+                id,
+                frames: frames.to_vec(),
+            }))
         }
 
         /// A successful call on device 0.
@@ -452,8 +510,27 @@ pub(crate) mod tests {
         }
 
         #[allow(clippy::too_many_arguments)]
-        pub fn call(&mut self, api: u32, t: u64, device: i32, addr: u64, size: u64, stack: u32, result: u32) -> &mut Self {
-            self.rec(Record::Event(Event { api, time_ns: t, device, addr, size, stack, result, tid: 1, ..Event::default() }))
+        pub fn call(
+            &mut self,
+            api: u32,
+            t: u64,
+            device: i32,
+            addr: u64,
+            size: u64,
+            stack: u32,
+            result: u32,
+        ) -> &mut Self {
+            self.rec(Record::Event(Event {
+                api,
+                time_ns: t,
+                device,
+                addr,
+                size,
+                stack,
+                result,
+                tid: 1,
+                ..Event::default()
+            }))
         }
 
         pub fn load(&self) -> Trace {
@@ -466,7 +543,13 @@ pub(crate) mod tests {
     }
 
     fn uses(v: &[(u32, u64, u64)]) -> Vec<StackUse> {
-        v.iter().map(|&(stack, bytes, count)| StackUse { stack, bytes, count }).collect()
+        v.iter()
+            .map(|&(stack, bytes, count)| StackUse {
+                stack,
+                bytes,
+                count,
+            })
+            .collect()
     }
 
     #[test]
@@ -484,12 +567,28 @@ pub(crate) mod tests {
         assert_eq!(t.events, 7);
         assert_eq!(t.groups.len(), 1);
         let g = &t.groups[&key(0, MemKind::Device)];
-        assert_eq!((g.allocations, g.allocated_bytes, g.frees, g.failed, g.double_allocs), (5, 700, 2, 0, 0));
+        assert_eq!(
+            (
+                g.allocations,
+                g.allocated_bytes,
+                g.frees,
+                g.failed,
+                g.double_allocs
+            ),
+            (5, 700, 2, 0, 0)
+        );
         assert_eq!((g.peak_bytes, g.peak_time_ns), (400, 50));
         assert_eq!(g.peak_stacks, uses(&[(2, 200, 1), (3, 150, 1), (1, 50, 1)]));
         assert_eq!((g.live_bytes, g.live_count), (400, 3));
         assert_eq!(g.leak_stacks, uses(&[(4, 200, 1), (3, 150, 1), (1, 50, 1)]));
-        assert_eq!(t.devices[&0], DeviceTotal { peak_bytes: 400, peak_time_ns: 50, live_bytes: 400 });
+        assert_eq!(
+            t.devices[&0],
+            DeviceTotal {
+                peak_bytes: 400,
+                peak_time_ns: 50,
+                live_bytes: 400
+            }
+        );
         assert!(t.bad_frees.is_empty());
     }
 
@@ -521,11 +620,21 @@ pub(crate) mod tests {
             .call(FREE, 4, -1, 0x5000, 0, 0, 0); // the free's own device does not matter
         let t = b.load();
         let m = &t.groups[&key(0, MemKind::Managed)];
-        assert_eq!((m.allocations, m.frees, m.peak_bytes, m.live_bytes), (1, 1, 64, 0));
+        assert_eq!(
+            (m.allocations, m.frees, m.peak_bytes, m.live_bytes),
+            (1, 1, 64, 0)
+        );
         let d = &t.groups[&key(0, MemKind::Device)];
         assert_eq!((d.allocations, d.frees, d.live_bytes), (1, 0, 32));
         // Pinned host memory is not GPU memory.
-        assert_eq!(t.devices[&0], DeviceTotal { peak_bytes: 96, peak_time_ns: 2, live_bytes: 32 });
+        assert_eq!(
+            t.devices[&0],
+            DeviceTotal {
+                peak_bytes: 96,
+                peak_time_ns: 2,
+                live_bytes: 32
+            }
+        );
         assert!(t.bad_frees.is_empty());
     }
 
@@ -540,8 +649,18 @@ pub(crate) mod tests {
         let t = b.load();
         let g = &t.groups[&key(0, MemKind::Device)];
         assert_eq!((g.frees, g.live_bytes), (1, 0));
-        let got: Vec<_> = t.bad_frees.iter().map(|f| (f.api.as_str(), f.addr, f.result, f.time_ns, f.stack)).collect();
-        assert_eq!(got, [("cudaFree", 0x9999, 0, 2, 5), ("cudaFree", 0x1000, 400, 4, 7)]);
+        let got: Vec<_> = t
+            .bad_frees
+            .iter()
+            .map(|f| (f.api.as_str(), f.addr, f.result, f.time_ns, f.stack))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("cudaFree", 0x9999, 0, 2, 5),
+                ("cudaFree", 0x1000, 400, 4, 7)
+            ]
+        );
     }
 
     #[test]
@@ -600,14 +719,24 @@ pub(crate) mod tests {
         b.ok(MALLOC, 1, 0x1000, 100, 1).ok(MALLOC, 2, 0x1000, 40, 2);
         let t = b.load();
         let g = &t.groups[&key(0, MemKind::Device)];
-        assert_eq!((g.allocations, g.double_allocs, g.live_bytes, g.live_count, g.peak_bytes), (2, 1, 40, 1, 100));
+        assert_eq!(
+            (
+                g.allocations,
+                g.double_allocs,
+                g.live_bytes,
+                g.live_count,
+                g.peak_bytes
+            ),
+            (2, 1, 40, 1, 100)
+        );
         assert_eq!(g.leak_stacks, uses(&[(2, 40, 1)]));
     }
 
     #[test]
     fn truncated_trace_yields_its_prefix() {
         let mut b = TraceBuilder::new();
-        b.ok(MALLOC, 1, 0x1000, 100, 1).ok(MALLOC, 2, 0x2000, 200, 2);
+        b.ok(MALLOC, 1, 0x1000, 100, 1)
+            .ok(MALLOC, 2, 0x2000, 200, 2);
         let cut_at = b.bytes.len() as u64;
         b.ok(MALLOC, 3, 0x3000, 300, 3);
         let bytes = &b.bytes[..b.bytes.len() - 2];
@@ -630,10 +759,17 @@ pub(crate) mod tests {
         b.ok(MALLOC, 1, 0x1000, 100, 1);
         let bad_at = b.bytes.len() as u64;
         // An Api record with memory kind 99.
-        b.bytes.extend_from_slice(&[gpumemtrace_format::tag::API, 4, 7, 1, b'x', 99]);
+        b.bytes
+            .extend_from_slice(&[gpumemtrace_format::tag::API, 4, 7, 1, b'x', 99]);
         b.ok(MALLOC, 2, 0x2000, 200, 2); // never read
         let t = b.load();
-        assert_eq!(t.outcome, Outcome::Corrupt { offset: bad_at, message: "unknown memory kind 99".into() });
+        assert_eq!(
+            t.outcome,
+            Outcome::Corrupt {
+                offset: bad_at,
+                message: "unknown memory kind 99".into()
+            }
+        );
         assert_eq!(t.events, 1);
         assert_eq!(t.groups[&key(0, MemKind::Device)].live_bytes, 100);
     }
@@ -648,10 +784,21 @@ pub(crate) mod tests {
     fn records_besides_events_are_kept() {
         let mut b = TraceBuilder::new();
         b.stack(1, &[0x10, 0x20])
-            .rec(Record::Module(Module { id: 1, path: "/lib/x.so".into(), ..Module::default() }))
+            .rec(Record::Module(Module {
+                id: 1,
+                path: "/lib/x.so".into(),
+                ..Module::default()
+            }))
             .rec(Record::Notice("stack capture disabled".into()))
-            .rec(Record::Event(Event { api: 77, ..Event::default() }))
-            .rec(Record::Stats(Stats { events: 1, dropped: 3, final_: true }));
+            .rec(Record::Event(Event {
+                api: 77,
+                ..Event::default()
+            }))
+            .rec(Record::Stats(Stats {
+                events: 1,
+                dropped: 3,
+                final_: true,
+            }));
         let t = b.load();
         assert_eq!(t.stacks[&1], [0x10, 0x20]);
         assert_eq!(t.modules.len(), 1);

@@ -25,7 +25,10 @@ pub fn find_lib() -> Result<PathBuf, String> {
         let p = PathBuf::from(p);
         return match p.exists() {
             true => Ok(p),
-            false => Err(format!("GPUMEMTRACE_LIB names {}, which does not exist", p.display())),
+            false => Err(format!(
+                "GPUMEMTRACE_LIB names {}, which does not exist",
+                p.display()
+            )),
         };
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate this executable: {e}"))?;
@@ -46,9 +49,13 @@ pub fn find_lib() -> Result<PathBuf, String> {
 /// signal N killed it.
 pub fn launch(l: &Launch, opts: &Options, report: &mut dyn Write) -> Result<u8, String> {
     let (program, args) = l.command.split_first().ok_or("no command to run")?;
-    std::fs::create_dir_all(&l.output).map_err(|e| format!("cannot create {}: {e}", l.output.display()))?;
+    std::fs::create_dir_all(&l.output)
+        .map_err(|e| format!("cannot create {}: {e}", l.output.display()))?;
     // Absolute paths: the command may change directory before the library reads them.
-    let dir = l.output.canonicalize().map_err(|e| format!("{}: {e}", l.output.display()))?;
+    let dir = l
+        .output
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", l.output.display()))?;
     let lib = l.lib.canonicalize().unwrap_or_else(|_| l.lib.clone());
     let before = names(&dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
 
@@ -96,17 +103,25 @@ pub fn launch(l: &Launch, opts: &Options, report: &mut dyn Write) -> Result<u8, 
     let mut new: Vec<&OsString> = after.difference(&before).collect();
     new.sort();
     if new.is_empty() {
-        let msg = format!("gpumemtrace: no trace appeared in {}: no CUDA allocation calls were seen", dir.display());
+        let msg = format!(
+            "gpumemtrace: no trace appeared in {}: no CUDA allocation calls were seen",
+            dir.display()
+        );
         writeln!(report, "{msg}").map_err(|e| e.to_string())?;
     } else {
         let paths: Vec<PathBuf> = new.iter().map(|n| dir.join(n)).collect();
+        // Set the summary apart from whatever the command printed last.
+        writeln!(report).map_err(|e| e.to_string())?;
         summary::run(&paths, opts, report).map_err(|e| e.to_string())?;
     }
     Ok(code)
 }
 
 fn names(dir: &Path) -> io::Result<HashSet<OsString>> {
-    Ok(trace_files(dir)?.into_iter().filter_map(|p| p.file_name().map(OsStr::to_owned)).collect())
+    Ok(trace_files(dir)?
+        .into_iter()
+        .filter_map(|p| p.file_name().map(OsStr::to_owned))
+        .collect())
 }
 
 /// Catches SIGINT and SIGQUIT with a handler that does nothing, while alive. A handler,
@@ -123,7 +138,9 @@ impl InterruptGuard {
     fn new() -> InterruptGuard {
         let handler = ignore as extern "C" fn(libc::c_int) as libc::sighandler_t;
         // SAFETY: installs an async-signal-safe (empty) handler.
-        InterruptGuard { old: SIGNALS.map(|s| unsafe { libc::signal(s, handler) }) }
+        InterruptGuard {
+            old: SIGNALS.map(|s| unsafe { libc::signal(s, handler) }),
+        }
     }
 }
 
@@ -142,7 +159,8 @@ mod tests {
 
     /// Runs `sh -c script` in a fresh output directory; returns the exit code and the report.
     fn launch_sh(name: &str, script: &str) -> (u8, String) {
-        let dir = std::env::temp_dir().join(format!("gpumemtrace-run-{name}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("gpumemtrace-run-{name}-{}", std::process::id()));
         let l = Launch {
             // Not loadable: the loader warns and the command runs untraced.
             lib: PathBuf::from("/dev/null"),
@@ -159,7 +177,10 @@ mod tests {
     fn forwards_exit_codes() {
         let (code, report) = launch_sh("exit0", "exit 0");
         assert_eq!(code, 0);
-        assert!(report.contains("no CUDA allocation calls were seen"), "{report}");
+        assert!(
+            report.contains("no CUDA allocation calls were seen"),
+            "{report}"
+        );
         assert_eq!(launch_sh("exit3", "exit 3").0, 3);
         assert_eq!(launch_sh("signal", "kill -TERM $$").0, 128 + 15);
     }
@@ -168,7 +189,8 @@ mod tests {
     fn summarizes_the_traces_that_appear() {
         let mut b = crate::model::tests::TraceBuilder::new();
         b.ok(crate::model::tests::MALLOC, 1, 0x1000, 3 << 20, 0);
-        let src = std::env::temp_dir().join(format!("gpumemtrace-run-src-{}.bin", std::process::id()));
+        let src =
+            std::env::temp_dir().join(format!("gpumemtrace-run-src-{}.bin", std::process::id()));
         std::fs::write(&src, &b.bytes).unwrap();
         // Stand in for the library: write where GPUMEMTRACE_OUTPUT says, check LD_PRELOAD.
         let script = format!(
@@ -178,8 +200,14 @@ mod tests {
         let (code, report) = launch_sh("appear", &script);
         let _ = std::fs::remove_file(&src);
         assert_eq!(code, 5);
-        assert!(report.contains("gpumemtrace-77.trace: pid 1234 /usr/bin/demo"), "{report}");
-        assert!(report.contains("live at end (leaked) 3.0 MiB in 1 allocations"), "{report}");
+        assert!(
+            report.contains("gpumemtrace-77.trace: pid 1234 /usr/bin/demo"),
+            "{report}"
+        );
+        assert!(
+            report.contains("live at end (leaked) 3.0 MiB in 1 allocation:"),
+            "{report}"
+        );
     }
 
     #[test]
@@ -189,6 +217,9 @@ mod tests {
             output: std::env::temp_dir(),
             command: vec!["/nonexistent/gpumemtrace-no-such-command".into()],
         };
-        assert_eq!(launch(&l, &Options::default(), &mut io::sink()).unwrap(), 127);
+        assert_eq!(
+            launch(&l, &Options::default(), &mut io::sink()).unwrap(),
+            127
+        );
     }
 }

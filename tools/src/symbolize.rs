@@ -78,7 +78,11 @@ impl Symbolizer {
 
     /// A symbolizer for one trace's module map.
     pub fn for_trace<'a>(&'a mut self, modules: &'a [Module]) -> TraceSymbolizer<'a> {
-        TraceSymbolizer { objects: &mut self.objects, modules, cache: HashMap::new() }
+        TraceSymbolizer {
+            objects: &mut self.objects,
+            modules,
+            cache: HashMap::new(),
+        }
     }
 }
 
@@ -91,7 +95,10 @@ pub struct TraceSymbolizer<'a> {
 impl TraceSymbolizer<'_> {
     /// A whole stack, innermost first, inlined frames expanded.
     pub fn stack(&mut self, addrs: &[u64]) -> Vec<Frame> {
-        addrs.iter().flat_map(|&a| self.address(a).to_vec()).collect()
+        addrs
+            .iter()
+            .flat_map(|&a| self.address(a).to_vec())
+            .collect()
     }
 
     /// The frames of one return address: the inlined chain, innermost first (at least one).
@@ -105,16 +112,36 @@ impl TraceSymbolizer<'_> {
 
     fn resolve(&mut self, addr: u64) -> Vec<Frame> {
         // Modules can be unloaded and others loaded at the same place: the last one wins.
-        let Some(m) = self.modules.iter().rev().find(|m| m.start <= addr && addr < m.end) else {
-            return vec![Frame { address: addr, ..Frame::default() }];
+        let Some(m) = self
+            .modules
+            .iter()
+            .rev()
+            .find(|m| m.start <= addr && addr < m.end)
+        else {
+            return vec![Frame {
+                address: addr,
+                ..Frame::default()
+            }];
         };
         let offset = addr.wrapping_sub(m.bias);
-        let bare = Frame { module: Some(m.path.clone()), address: addr, offset: Some(offset), ..Frame::default() };
+        let bare = Frame {
+            module: Some(m.path.clone()),
+            address: addr,
+            offset: Some(offset),
+            ..Frame::default()
+        };
         let debug = self
             .objects
             .entry((m.path.clone(), m.build_id.clone()))
-            .or_insert_with(|| DebugInfo::open(m).map_err(|e| eprintln!("warning: {e}")).ok());
-        let Some(debug) = debug else { return vec![bare] };
+            .or_insert_with(|| {
+                DebugInfo::open(m)
+                    .map_err(|e| eprintln!("warning: {e}"))
+                    .ok()
+                    .flatten()
+            });
+        let Some(debug) = debug else {
+            return vec![bare];
+        };
         // A return address points after the call; the call itself is one byte earlier.
         let found = debug.lookup(offset.wrapping_sub(1));
         if found.is_empty() {
@@ -122,7 +149,12 @@ impl TraceSymbolizer<'_> {
         }
         found
             .into_iter()
-            .map(|(function, file, line)| Frame { function, file, line, ..bare.clone() })
+            .map(|(function, file, line)| Frame {
+                function,
+                file,
+                line,
+                ..bare.clone()
+            })
             .collect()
     }
 }
@@ -130,13 +162,17 @@ impl TraceSymbolizer<'_> {
 type Location = (Option<String>, Option<String>, Option<u32>);
 
 impl DebugInfo {
-    fn open(m: &Module) -> Result<DebugInfo, String> {
-        // Pseudo-modules such as linux-vdso.so.1 have no file: nothing to warn about.
+    /// `Ok(None)` for pseudo-modules with no file, such as linux-vdso.so.1: nothing to warn about.
+    fn open(m: &Module) -> Result<Option<DebugInfo>, String> {
         if !m.path.starts_with('/') {
-            return Err(format!("{}: no file to symbolize from", m.path));
+            return Ok(None);
         }
-        let fallback = format!("addresses in it are shown as {}+0xoffset", file_name(&m.path));
-        let file = File::open(&m.path).map_err(|e| format!("cannot open {}: {e}; {fallback}", m.path))?;
+        let fallback = format!(
+            "addresses in it are shown as {}+0xoffset",
+            file_name(&m.path)
+        );
+        let file =
+            File::open(&m.path).map_err(|e| format!("cannot open {}: {e}; {fallback}", m.path))?;
         // SAFETY: read-only mapping; a file changed under us gives wrong names, not UB in practice.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| format!("cannot map {}: {e}", m.path))?;
         let obj = object::File::parse(&*map).map_err(|e| format!("{}: {e}; {fallback}", m.path))?;
@@ -152,7 +188,8 @@ impl DebugInfo {
             }
         }
         let mut loaders = Vec::new();
-        let has_dwarf = obj.section_by_name(".debug_info").is_some() || obj.section_by_name(".zdebug_info").is_some();
+        let has_dwarf = obj.section_by_name(".debug_info").is_some()
+            || obj.section_by_name(".zdebug_info").is_some();
         if !has_dwarf {
             let build_id = on_disk.unwrap_or(&m.build_id);
             if let Some(l) = debug_file_candidates(Path::new(&m.path), build_id, &obj)
@@ -164,7 +201,7 @@ impl DebugInfo {
             }
         }
         loaders.push(Loader::new(&m.path).map_err(|e| format!("{}: {e}; {fallback}", m.path))?);
-        Ok(DebugInfo { loaders })
+        Ok(Some(DebugInfo { loaders }))
     }
 
     /// Function, file and line at a file-relative address, inlined chain innermost first.
@@ -174,8 +211,14 @@ impl DebugInfo {
             let mut out = Vec::new();
             if let Ok(mut frames) = l.find_frames(probe) {
                 while let Ok(Some(f)) = frames.next() {
-                    let function = f.function.as_ref().and_then(|n| n.demangle().ok()).map(Cow::into_owned);
-                    let (file, line) = f.location.map_or((None, None), |l| (l.file.map(str::to_owned), l.line));
+                    let function = f
+                        .function
+                        .as_ref()
+                        .and_then(|n| n.demangle().ok())
+                        .map(Cow::into_owned);
+                    let (file, line) = f
+                        .location
+                        .map_or((None, None), |l| (l.file.map(str::to_owned), l.line));
                     out.push((function, file, line));
                 }
             }
@@ -190,7 +233,10 @@ impl DebugInfo {
             .iter()
             .find_map(|l| l.find_symbol(probe))
             .map(|s| addr2line::demangle_auto(Cow::Borrowed(s), None).into_owned());
-        let location = self.loaders.iter().find_map(|l| l.find_location(probe).ok().flatten());
+        let location = self
+            .loaders
+            .iter()
+            .find_map(|l| l.find_location(probe).ok().flatten());
         let (file, line) = location.map_or((None, None), |l| (l.file.map(str::to_owned), l.line));
         if function.is_none() && file.is_none() {
             return Vec::new();
@@ -205,13 +251,21 @@ fn debug_file_candidates(path: &Path, build_id: &[u8], obj: &object::File) -> Ve
     let mut v = Vec::new();
     if build_id.len() > 1 {
         let h = hex(build_id);
-        v.push(PathBuf::from(format!("/usr/lib/debug/.build-id/{}/{}.debug", &h[..2], &h[2..])));
+        v.push(PathBuf::from(format!(
+            "/usr/lib/debug/.build-id/{}/{}.debug",
+            &h[..2],
+            &h[2..]
+        )));
     }
     if let (Ok(Some((name, _crc))), Some(dir)) = (obj.gnu_debuglink(), path.parent()) {
         let name = String::from_utf8_lossy(name).into_owned();
         v.push(dir.join(&name));
         v.push(dir.join(".debug").join(&name));
-        v.push(Path::new("/usr/lib/debug").join(dir.strip_prefix("/").unwrap_or(dir)).join(&name));
+        v.push(
+            Path::new("/usr/lib/debug")
+                .join(dir.strip_prefix("/").unwrap_or(dir))
+                .join(&name),
+        );
     }
     v.retain(|p| p != path);
     v
@@ -236,7 +290,11 @@ pub(crate) mod tests {
             addr: u64,
             found: Option<Module>,
         }
-        unsafe extern "C" fn callback(info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut libc::c_void) -> libc::c_int {
+        unsafe extern "C" fn callback(
+            info: *mut libc::dl_phdr_info,
+            _size: libc::size_t,
+            data: *mut libc::c_void,
+        ) -> libc::c_int {
             let s = &mut *(data as *mut Search);
             let info = &*info;
             let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
@@ -246,24 +304,44 @@ pub(crate) mod tests {
                 end = end.max(info.dlpi_addr + p.p_vaddr + p.p_memsz);
             }
             if start <= s.addr && s.addr < end {
-                let name = std::ffi::CStr::from_ptr(info.dlpi_name).to_string_lossy().into_owned();
+                let name = std::ffi::CStr::from_ptr(info.dlpi_name)
+                    .to_string_lossy()
+                    .into_owned();
                 // The main program has an empty name.
-                let path = if name.is_empty() { std::env::current_exe().unwrap().display().to_string() } else { name };
+                let path = if name.is_empty() {
+                    std::env::current_exe().unwrap().display().to_string()
+                } else {
+                    name
+                };
                 let data = std::fs::read(&path).unwrap();
-                let build_id = object::File::parse(&*data).unwrap().build_id().unwrap().unwrap_or_default().to_vec();
-                s.found = Some(Module { id: 1, bias: info.dlpi_addr, start, end, path, build_id });
+                let build_id = object::File::parse(&*data)
+                    .unwrap()
+                    .build_id()
+                    .unwrap()
+                    .unwrap_or_default()
+                    .to_vec();
+                s.found = Some(Module {
+                    id: 1,
+                    bias: info.dlpi_addr,
+                    start,
+                    end,
+                    path,
+                    build_id,
+                });
                 return 1;
             }
             0
         }
         let mut s = Search { addr, found: None };
-        unsafe { libc::dl_iterate_phdr(Some(callback), &mut s as *mut Search as *mut libc::c_void) };
+        unsafe {
+            libc::dl_iterate_phdr(Some(callback), &mut s as *mut Search as *mut libc::c_void)
+        };
         s.found.expect("no loaded object contains the address")
     }
 
     #[test]
     fn symbolizes_a_function_of_this_test_binary() {
-        let addr = probe_target as usize as u64;
+        let addr = probe_target as *const () as usize as u64;
         assert_eq!(probe_target(1), 3);
         let module = module_containing(addr);
         let modules = [module.clone()];
@@ -272,31 +350,79 @@ pub(crate) mod tests {
         // As if a call returned to the function's second byte: the lookup is of its first.
         let frames = t.address(addr + 1).to_vec();
         let f = &frames[0];
-        assert!(f.function.as_deref().unwrap().ends_with("symbolize::tests::probe_target"), "{f:?}");
-        assert!(f.file.as_deref().unwrap().ends_with("tools/src/symbolize.rs"), "{f:?}");
+        assert!(
+            f.function
+                .as_deref()
+                .unwrap()
+                .ends_with("symbolize::tests::probe_target"),
+            "{f:?}"
+        );
+        assert!(
+            f.file
+                .as_deref()
+                .unwrap()
+                .ends_with("tools/src/symbolize.rs"),
+            "{f:?}"
+        );
         assert!(f.line.is_some());
-        assert_eq!((f.address, f.module.as_deref()), (addr + 1, Some(module.path.as_str())));
-        assert!(f.describe().starts_with("gpumemtrace::symbolize::tests::probe_target symbolize.rs:"), "{}", f.describe());
+        assert_eq!(
+            (f.address, f.module.as_deref()),
+            (addr + 1, Some(module.path.as_str()))
+        );
+        assert!(
+            f.describe()
+                .starts_with("gpumemtrace::symbolize::tests::probe_target symbolize.rs:"),
+            "{}",
+            f.describe()
+        );
     }
 
     #[test]
     fn missing_or_rebuilt_modules_fall_back_to_module_offset() {
         let exe = std::env::current_exe().unwrap().display().to_string();
         let modules = [
-            Module { id: 1, bias: 0x1000_0000, start: 0x1000_0000, end: 0x1100_0000, path: "/nonexistent/libfoo.so".into(), build_id: vec![] },
-            Module { id: 2, bias: 0x2000_0000, start: 0x2000_0000, end: 0x2100_0000, path: exe, build_id: vec![1, 2, 3, 4] },
+            Module {
+                id: 1,
+                bias: 0x1000_0000,
+                start: 0x1000_0000,
+                end: 0x1100_0000,
+                path: "/nonexistent/libfoo.so".into(),
+                build_id: vec![],
+            },
+            Module {
+                id: 2,
+                bias: 0x2000_0000,
+                start: 0x2000_0000,
+                end: 0x2100_0000,
+                path: exe,
+                build_id: vec![1, 2, 3, 4],
+            },
         ];
         let mut sym = Symbolizer::new();
         let mut t = sym.for_trace(&modules);
         let f = t.address(0x1000_1234)[0].clone();
-        assert_eq!((f.function.as_deref(), f.offset, f.describe()), (None, Some(0x1234), "libfoo.so+0x1234".to_string()));
+        assert_eq!(
+            (f.function.as_deref(), f.offset, f.describe()),
+            (None, Some(0x1234), "libfoo.so+0x1234".to_string())
+        );
         // The test binary on disk is not the one with build-id 01020304 the "trace" recorded.
         let f = t.address(0x2000_0010)[0].clone();
         let data = std::fs::read(std::env::current_exe().unwrap()).unwrap();
-        if object::File::parse(&*data).unwrap().build_id().unwrap().is_some() {
-            assert_eq!((f.function.as_deref(), f.describe()), (None, format!("{}+0x10", f.module_name().unwrap())));
+        if object::File::parse(&*data)
+            .unwrap()
+            .build_id()
+            .unwrap()
+            .is_some()
+        {
+            assert_eq!(
+                (f.function.as_deref(), f.describe()),
+                (None, format!("{}+0x10", f.module_name().unwrap()))
+            );
         }
         let unmapped = t.address(0x42)[0].clone();
-        assert_eq!((unmapped.module.as_deref(), unmapped.describe()), (None, "0x42".to_string()));
+        assert_eq!(
+            (unmapped.module.as_deref(), unmapped.describe()),
+            (None, "0x42".to_string())
+        );
     }
 }

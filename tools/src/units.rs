@@ -15,6 +15,16 @@ pub fn size(bytes: u64) -> String {
     format!("{v:.1} {}", UNITS[unit])
 }
 
+/// `1 allocation`, `2 allocations`.
+pub fn count(n: impl Into<u64>, noun: &str) -> String {
+    let n = n.into();
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 /// Trace time (nanoseconds since tracing started) as seconds.
 pub fn seconds(ns: u64) -> String {
     format!("{:.3} s", ns as f64 / 1e9)
@@ -67,6 +77,10 @@ mod tests {
     #[test]
     fn times_and_results() {
         assert_eq!(seconds(512_000_000), "0.512 s");
+        assert_eq!(
+            (count(1u64, "free"), count(0u64, "free")),
+            ("1 free".into(), "0 frees".into())
+        );
         assert_eq!(seconds(0), "0.000 s");
         assert_eq!(cuda_result(2), "error 2 (out of memory)");
         assert_eq!(cuda_result(12345), "error 12345");

@@ -23,9 +23,17 @@ pub struct Located {
 
 /// Symbolizes the stack with id `stack` (0 or unknown: an empty stack).
 pub fn locate(trace: &Trace, sym: &mut TraceSymbolizer, stack: u32) -> Located {
-    let frames = trace.stacks.get(&stack).map(|a| sym.stack(a)).unwrap_or_default();
+    let frames = trace
+        .stacks
+        .get(&stack)
+        .map(|a| sym.stack(a))
+        .unwrap_or_default();
     let site_index = site_index(&frames);
-    Located { site: frames.get(site_index).cloned().unwrap_or_default(), frames, site_index }
+    Located {
+        site: frames.get(site_index).cloned().unwrap_or_default(),
+        frames,
+        site_index,
+    }
 }
 
 /// Live memory attributed to one call site.
@@ -61,8 +69,18 @@ pub fn sites(uses: &[StackUse], trace: &Trace, sym: &mut TraceSymbolizer) -> Vec
             None => SiteKey::Stack(u.stack),
         };
         let i = *index.entry(key).or_insert_with(|| {
-            let Located { site, frames, site_index } = located;
-            out.push(Site { bytes: 0, count: 0, site, frames, site_index });
+            let Located {
+                site,
+                frames,
+                site_index,
+            } = located;
+            out.push(Site {
+                bytes: 0,
+                count: 0,
+                site,
+                frames,
+                site_index,
+            });
             out.len() - 1
         });
         out[i].bytes += u.bytes;

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::{cut, locate, sites, Located, Site};
 use crate::model::{Outcome, Trace};
 use crate::symbolize::{Frame, Symbolizer};
-use crate::units::{cuda_result, seconds, size};
+use crate::units::{count, cuda_result, seconds, size};
 
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -24,7 +24,12 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { json: false, top: None, frames: 1, device: None }
+        Options {
+            json: false,
+            top: None,
+            frames: 1,
+            device: None,
+        }
     }
 }
 
@@ -132,7 +137,10 @@ pub fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
         if p.is_dir() {
             let mut found = trace_files(p).map_err(|e| format!("{}: {e}", p.display()))?;
             if found.is_empty() {
-                return Err(format!("{}: no *.trace files in this directory", p.display()));
+                return Err(format!(
+                    "{}: no *.trace files in this directory",
+                    p.display()
+                ));
             }
             found.sort();
             out.extend(found);
@@ -204,7 +212,11 @@ fn warn_outcome(path: &Path, outcome: &Outcome) {
 /// Builds the report of one trace: symbolizes, aggregates by site, filters, cuts.
 pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -> TraceReport {
     // The terminal is for reading, JSON for tools: only the terminal cuts lists by default.
-    let top = if opts.json { opts.top } else { Some(opts.top.unwrap_or(DEFAULT_TOP)) };
+    let top = if opts.json {
+        opts.top
+    } else {
+        Some(opts.top.unwrap_or(DEFAULT_TOP))
+    };
     let wanted = |device: i32| opts.device.is_none_or(|d| d == device);
     let mut sym = sym.for_trace(&trace.modules);
 
@@ -229,14 +241,22 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
             more_leak_sites: cut(&mut leak_sites, top),
             leak_sites,
             double_allocs: g.double_allocs,
-            occupies_gpu: matches!(key.kind, MemKind::Device | MemKind::Managed | MemKind::VmmPhysical),
+            occupies_gpu: matches!(
+                key.kind,
+                MemKind::Device | MemKind::Managed | MemKind::VmmPhysical
+            ),
         });
     }
     let devices = trace
         .devices
         .iter()
         .filter(|(d, _)| wanted(**d))
-        .map(|(&device, t)| DeviceReport { device, peak_bytes: t.peak_bytes, peak_time_ns: t.peak_time_ns, live_bytes: t.live_bytes })
+        .map(|(&device, t)| DeviceReport {
+            device,
+            peak_bytes: t.peak_bytes,
+            peak_time_ns: t.peak_time_ns,
+            live_bytes: t.live_bytes,
+        })
         .collect();
 
     let mut failures: Vec<FailureReport> = trace
@@ -272,12 +292,16 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
     let process = trace.process.clone().unwrap_or_default();
     let (status, stopped_at, error) = match &trace.outcome {
         Outcome::Complete => ("complete", None, None),
-        Outcome::Truncated { offset } => {
-            ("truncated", Some(*offset), Some(format!("the trace ends inside the record at byte {offset}")))
-        }
-        Outcome::Corrupt { offset, message } => {
-            ("corrupt", Some(*offset), Some(format!("the record at byte {offset} is corrupt: {message}")))
-        }
+        Outcome::Truncated { offset } => (
+            "truncated",
+            Some(*offset),
+            Some(format!("the trace ends inside the record at byte {offset}")),
+        ),
+        Outcome::Corrupt { offset, message } => (
+            "corrupt",
+            Some(*offset),
+            Some(format!("the record at byte {offset} is corrupt: {message}")),
+        ),
     };
     TraceReport {
         path: path.display().to_string(),
@@ -305,7 +329,11 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
 // Terminal output
 
 fn device_name(device: i32) -> String {
-    if device < 0 { "host".to_string() } else { format!("device {device}") }
+    if device < 0 {
+        "host".to_string()
+    } else {
+        format!("device {device}")
+    }
 }
 
 /// The site line and, with `--frames N`, its callers: N frames starting at the site.
@@ -314,11 +342,22 @@ fn site_lines(site: &Frame, frames: &[Frame], site_index: usize, n: usize) -> Ve
         return vec!["(no stack captured)".to_string()];
     }
     let mut v = vec![site.describe()];
-    v.extend(frames.iter().skip(site_index + 1).take(n.saturating_sub(1)).map(|f| format!("from {}", f.describe())));
+    v.extend(
+        frames
+            .iter()
+            .skip(site_index + 1)
+            .take(n.saturating_sub(1))
+            .map(|f| format!("from {}", f.describe())),
+    );
     v
 }
 
-fn render_sites(sites: &[Site], more: usize, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
+fn render_sites(
+    sites: &[Site],
+    more: usize,
+    opts: &Options,
+    out: &mut dyn Write,
+) -> io::Result<()> {
     for s in sites {
         let lines = site_lines(&s.site, &s.frames, s.site_index, opts.frames);
         writeln!(out, "  {:>10} {:>5}x  {}", size(s.bytes), s.count, lines[0])?;
@@ -327,7 +366,11 @@ fn render_sites(sites: &[Site], more: usize, opts: &Options, out: &mut dyn Write
         }
     }
     if more > 0 {
-        writeln!(out, "  ... and {more} more sites (see --top)")?;
+        writeln!(
+            out,
+            "  ... and {} more (see --top)",
+            count(more as u64, "site")
+        )?;
     }
     Ok(())
 }
@@ -343,16 +386,32 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
     if complete && !r.finished {
         status.push_str(" (no final stats record: the process may not have exited normally)");
     }
-    let mut cmd = format!("pid {} {}", r.pid, r.exe);
+    let mut cmd = match (r.pid, r.exe.is_empty()) {
+        (0, true) => "no process record".to_string(),
+        (pid, _) => format!("pid {pid} {}", r.exe),
+    };
     if !r.args.is_empty() {
         cmd.push_str(&format!(" ({})", r.args.join(" ")));
     }
-    writeln!(out, "{}: {cmd}, {} events, {status}", r.path, r.events)?;
+    writeln!(
+        out,
+        "{}: {cmd}, {}, {status}",
+        r.path,
+        count(r.events, "event")
+    )?;
     if r.dropped > 0 {
-        writeln!(out, "  warning: the tracer dropped {} events; the numbers below miss them", r.dropped)?;
+        writeln!(
+            out,
+            "  warning: the tracer dropped {} events; the numbers below miss them",
+            r.dropped
+        )?;
     }
     if r.unknown_api_events > 0 {
-        writeln!(out, "  warning: {} events name an API the trace does not describe; they were skipped", r.unknown_api_events)?;
+        writeln!(
+            out,
+            "  warning: {} events name an API the trace does not describe; they were skipped",
+            r.unknown_api_events
+        )?;
     }
     for n in &r.notices {
         writeln!(out, "  notice: {n}")?;
@@ -361,36 +420,59 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
         writeln!(out, "no allocations")?;
     }
 
-    let live_label = if complete { "live at end (leaked)" } else { "live when the trace stops" };
+    let live_label = if complete {
+        "live at end (leaked)"
+    } else {
+        "live when the trace stops"
+    };
     for g in &r.groups {
         let mut head = format!(
-            "{}, {} memory: {} allocations, {} allocated, {} frees, {} failed",
+            "{}, {} memory: {}, {} allocated, {}, {} failed",
             device_name(g.device),
             g.kind,
-            g.allocations,
+            count(g.allocations, "allocation"),
             size(g.allocated_bytes),
-            g.frees,
+            count(g.frees, "free"),
             g.failed
         );
         if g.double_allocs > 0 {
-            head.push_str(&format!(", {} allocations at addresses already live (missed frees)", g.double_allocs));
+            head.push_str(&format!(
+                ", {} allocations at addresses already live (missed frees)",
+                g.double_allocs
+            ));
         }
         writeln!(out, "{head}")?;
         if g.allocations == 0 {
             continue;
         }
-        writeln!(out, "  peak {} ({} live) at {}:", size(g.peak_bytes), g.peak_count, seconds(g.peak_time_ns))?;
+        writeln!(
+            out,
+            "  peak {} ({} live) at {}:",
+            size(g.peak_bytes),
+            g.peak_count,
+            seconds(g.peak_time_ns)
+        )?;
         render_sites(&g.peak_sites, g.more_peak_sites, opts, out)?;
         if g.live_count == 0 {
             writeln!(out, "  all freed by the end")?;
         } else {
-            writeln!(out, "  {live_label} {} in {} allocations:", size(g.live_bytes), g.live_count)?;
+            writeln!(
+                out,
+                "  {live_label} {} in {}:",
+                size(g.live_bytes),
+                count(g.live_count, "allocation")
+            )?;
             render_sites(&g.leak_sites, g.more_leak_sites, opts, out)?;
         }
     }
     // The per-device total only adds information when several kinds share the device.
     for d in &r.devices {
-        let kinds: Vec<&str> = r.groups.iter().filter(|g| g.device == d.device && g.occupies_gpu).map(|g| g.kind).collect();
+        let kinds: Vec<&str> = r
+            .groups
+            .iter()
+            .filter(|g| g.device == d.device && g.occupies_gpu)
+            .map(|g| g.kind)
+            .collect();
         if kinds.len() > 1 {
             writeln!(
                 out,
@@ -407,7 +489,12 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
     if !r.failures.is_empty() {
         writeln!(out, "failed allocations:")?;
         for f in &r.failures {
-            let lines = site_lines(&f.located.site, &f.located.frames, f.located.site_index, opts.frames);
+            let lines = site_lines(
+                &f.located.site,
+                &f.located.frames,
+                f.located.site_index,
+                opts.frames,
+            );
             writeln!(
                 out,
                 "  {} {} on {} -> {} at {}, {} live on {}  at  {}",
@@ -431,9 +518,25 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
     if !r.unknown_frees.is_empty() {
         writeln!(out, "frees of unknown pointers, and failed frees:")?;
         for f in &r.unknown_frees {
-            let lines = site_lines(&f.located.site, &f.located.frames, f.located.site_index, opts.frames);
-            let result = if f.result == 0 { "not allocated in the trace".to_string() } else { cuda_result(f.result) };
-            writeln!(out, "  {} {:#x} -> {result} at {}  at  {}", f.api, f.addr, seconds(f.time_ns), lines[0])?;
+            let lines = site_lines(
+                &f.located.site,
+                &f.located.frames,
+                f.located.site_index,
+                opts.frames,
+            );
+            let result = if f.result == 0 {
+                "not allocated in the trace".to_string()
+            } else {
+                cuda_result(f.result)
+            };
+            writeln!(
+                out,
+                "  {} {:#x} -> {result} at {}  at  {}",
+                f.api,
+                f.addr,
+                seconds(f.time_ns),
+                lines[0]
+            )?;
             for l in &lines[1..] {
                 writeln!(out, "      {l}")?;
             }
@@ -458,7 +561,13 @@ mod tests {
     }
 
     fn json_of(b: &TraceBuilder, opts: &Options) -> Value {
-        let r = report(b, &Options { json: true, ..opts.clone() });
+        let r = report(
+            b,
+            &Options {
+                json: true,
+                ..opts.clone()
+            },
+        );
         serde_json::to_value(Json { traces: &[r] }).unwrap()["traces"][0].clone()
     }
 
@@ -477,7 +586,11 @@ mod tests {
             .call(MALLOC, 5_000, 0, 0, 1 << 30, 2, 2)
             .ok(FREE, 6_000, 0xdead, 0, 1)
             .rec(Record::Notice("hello".into()))
-            .rec(Record::Stats(Stats { events: 7, dropped: 4, final_: true }));
+            .rec(Record::Stats(Stats {
+                events: 7,
+                dropped: 4,
+                final_: true,
+            }));
         b
     }
 
@@ -525,29 +638,56 @@ mod tests {
     fn top_and_device_filter() {
         let mut b = TraceBuilder::new();
         for i in 0..12u64 {
-            b.stack(i as u32 + 1, &[0x1000 + i]).ok(MALLOC, i, 0x10_000 + i, 1000 - i, i as u32 + 1);
+            b.stack(i as u32 + 1, &[0x1000 + i]).ok(
+                MALLOC,
+                i,
+                0x10_000 + i,
+                1000 - i,
+                i as u32 + 1,
+            );
         }
         b.call(MALLOC, 20, 1, 0x9000, 5, 0, 0);
         // JSON lists are complete unless --top is given.
         let v = json_of(&b, &Options::default());
         assert_eq!(v["groups"][0]["leak_sites"].as_array().unwrap().len(), 12);
         assert_eq!(v["groups"].as_array().unwrap().len(), 2);
-        let v = json_of(&b, &Options { top: Some(3), device: Some(1), ..Options::default() });
+        let v = json_of(
+            &b,
+            &Options {
+                top: Some(3),
+                device: Some(1),
+                ..Options::default()
+            },
+        );
         assert_eq!(v["groups"].as_array().unwrap().len(), 1);
         assert_eq!(v["groups"][0]["device"], 1);
         assert_eq!(v["devices"].as_array().unwrap().len(), 1);
-        let v = json_of(&b, &Options { top: Some(3), ..Options::default() });
-        let bytes: Vec<u64> = v["groups"][0]["leak_sites"].as_array().unwrap().iter().map(|s| s["bytes"].as_u64().unwrap()).collect();
+        let v = json_of(
+            &b,
+            &Options {
+                top: Some(3),
+                ..Options::default()
+            },
+        );
+        let bytes: Vec<u64> = v["groups"][0]["leak_sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["bytes"].as_u64().unwrap())
+            .collect();
         assert_eq!(bytes, [1000, 999, 998]);
         // The terminal shows 10 by default.
         let r = report(&b, &Options::default());
-        assert_eq!((r.groups[0].leak_sites.len(), r.groups[0].more_leak_sites), (10, 2));
+        assert_eq!(
+            (r.groups[0].leak_sites.len(), r.groups[0].more_leak_sites),
+            (10, 2)
+        );
     }
 
     #[test]
     fn sites_merge_by_symbol_and_skip_cuda_frames() {
         use crate::symbolize::tests::{module_containing, probe_target};
-        let f = probe_target as usize as u64;
+        let f = probe_target as *const () as usize as u64;
         let mut exe = module_containing(f);
         exe.id = 2;
         let mut b = TraceBuilder::new();
@@ -572,9 +712,24 @@ mod tests {
         .ok(MALLOC, 4, 0x4, 5, 4);
         let r = report(&b, &Options::default());
         let leaks = &r.groups[0].leak_sites;
-        let got: Vec<_> = leaks.iter().map(|s| (s.bytes, s.count, s.site.address, s.site_index)).collect();
-        assert_eq!(got, [(30, 2, f + 1, 1), (7, 1, 0x7000_0000, 1), (5, 1, 0x7000_0000, 0)]);
-        assert!(leaks[0].site.function.as_deref().unwrap().ends_with("probe_target"));
+        let got: Vec<_> = leaks
+            .iter()
+            .map(|s| (s.bytes, s.count, s.site.address, s.site_index))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (30, 2, f + 1, 1),
+                (7, 1, 0x7000_0000, 1),
+                (5, 1, 0x7000_0000, 0)
+            ]
+        );
+        assert!(leaks[0]
+            .site
+            .function
+            .as_deref()
+            .unwrap()
+            .ends_with("probe_target"));
         // The sample stack is the one that contributed most.
         assert_eq!(leaks[0].frames[0].describe(), "libcudart.so.12+0x2000");
         assert_eq!(leaks[0].frames.last().unwrap().address, 0x9000_0000);
@@ -590,7 +745,7 @@ mod tests {
 t.trace: pid 1234 /usr/bin/demo (demo --fast), 6 events, complete
   warning: the tracer dropped 4 events; the numbers below miss them
   notice: hello
-device 0, device memory: 3 allocations, 500 B allocated, 1 frees, 1 failed
+device 0, device memory: 3 allocations, 500 B allocated, 1 free, 1 failed
   peak 500 B (3 live) at 0.000 s:
        300 B     1x  0x300
        200 B     2x  0x100
@@ -604,8 +759,19 @@ frees of unknown pointers, and failed frees:
         assert_eq!(text, expected);
 
         let mut out = Vec::new();
-        render(&r, &Options { frames: 2, ..Options::default() }, &mut out).unwrap();
+        render(
+            &r,
+            &Options {
+                frames: 2,
+                ..Options::default()
+            },
+            &mut out,
+        )
+        .unwrap();
         let text = String::from_utf8(out).unwrap();
-        assert!(text.contains("       200 B     2x  0x100\n                     from 0x200\n"), "{text}");
+        assert!(
+            text.contains("       200 B     2x  0x100\n                     from 0x200\n"),
+            "{text}"
+        );
     }
 }

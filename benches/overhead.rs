@@ -1,0 +1,96 @@
+//! Overhead benchmark: the same allocation loop (tests/emucuda/bench_alloc.c, emulated driver)
+//! run untraced and traced in one run, so the ratios compare like with like.
+//!
+//! `cargo bench --bench overhead` (builds the release library first). Prints a markdown table.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let status = Command::new("cargo")
+        .args(["build", "--release", "-p", "gpumemtrace"])
+        .current_dir(root)
+        .status()
+        .expect("cargo");
+    assert!(status.success());
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+    let shim = target.join("release/libgpumemtrace.so");
+    let emu = target.join("emucuda");
+    let ok = Command::new("make")
+        .arg("-s")
+        .arg("-C")
+        .arg(root.join("tests/emucuda"))
+        .arg(format!("OUT={}", emu.display()))
+        .status()
+        .expect("make");
+    assert!(ok.success());
+    let scratch = target.join("bench-scratch");
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).unwrap();
+
+    let reps: usize = std::env::var("BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let run = |threads: u32, pairs: u32, depth: u32, frames: Option<u32>| -> HashMap<String, u64> {
+        // Median of `reps` runs, by wall time.
+        let mut results: Vec<HashMap<String, u64>> = (0..reps)
+            .map(|_| {
+                let mut cmd = Command::new(emu.join("bench_alloc"));
+                cmd.args([threads.to_string(), pairs.to_string(), depth.to_string()]);
+                if let Some(f) = frames {
+                    cmd.env("LD_PRELOAD", &shim)
+                        .env("GPUMEMTRACE_OUTPUT", format!("{}/", scratch.display()))
+                        .env("GPUMEMTRACE_FRAMES", f.to_string());
+                }
+                let out = cmd.output().unwrap();
+                assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+                let line = String::from_utf8_lossy(&out.stdout).into_owned();
+                let mut m: HashMap<String, u64> = line
+                    .split_whitespace()
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_owned(), v.parse().unwrap()))
+                    .collect();
+                let bytes: u64 = std::fs::read_dir(&scratch).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+                m.insert("trace_bytes".into(), bytes);
+                for e in std::fs::read_dir(&scratch).unwrap() {
+                    std::fs::remove_file(e.unwrap().path()).unwrap();
+                }
+                m
+            })
+            .collect();
+        results.sort_by_key(|m| m["wall_ns"]);
+        results.swap_remove(reps / 2)
+    };
+
+    println!("## Per call: cuMemAlloc_v2 latency, 1 thread, 200000 alloc/free pairs (median of {reps} runs)\n");
+    println!("| stack depth of the caller | frames recorded | p50 ns | p99 ns | added p50 ns | wall ratio |");
+    println!("|---|---|---|---|---|---|");
+    for depth in [0u32, 30, 60] {
+        let base = run(1, 200_000, depth, None);
+        println!("| {depth} | untraced | {} | {} | - | 1.00 |", base["alloc_p50_ns"], base["alloc_p99_ns"]);
+        for frames in [0u32, 32, 64] {
+            let t = run(1, 200_000, depth, Some(frames));
+            println!(
+                "| {depth} | {frames} | {} | {} | {} | {:.2} |",
+                t["alloc_p50_ns"],
+                t["alloc_p99_ns"],
+                t["alloc_p50_ns"] as i64 - base["alloc_p50_ns"] as i64,
+                t["wall_ns"] as f64 / base["wall_ns"] as f64
+            );
+        }
+    }
+
+    println!("\n## Throughput: 8 threads x 50000 pairs, 64 frames max (median of {reps} runs)\n");
+    println!("| run | wall ms | events/s | trace bytes/event |");
+    println!("|---|---|---|---|");
+    let events = 8.0 * 50_000.0 * 2.0;
+    let base = run(8, 50_000, 0, None);
+    println!("| untraced | {:.1} | {:.0} | - |", base["wall_ns"] as f64 / 1e6, events / (base["wall_ns"] as f64 / 1e9));
+    let t = run(8, 50_000, 0, Some(64));
+    println!(
+        "| traced | {:.1} | {:.0} | {:.1} |",
+        t["wall_ns"] as f64 / 1e6,
+        events / (t["wall_ns"] as f64 / 1e9),
+        t["trace_bytes"] as f64 / events
+    );
+}
