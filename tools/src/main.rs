@@ -57,6 +57,14 @@ Examples:
         #[arg(required = true, value_name = "TRACE")]
         traces: Vec<PathBuf>,
     },
+    /// Print every record of a trace as JSON lines (for scripts)
+    #[command(after_help = "\
+Example:
+  gpumemtrace dump app.trace | grep '\"event\"' | head")]
+    Dump {
+        #[arg(value_name = "TRACE")]
+        trace: PathBuf,
+    },
     /// Run a command with the tracer preloaded, then summarize its traces on stderr
     #[command(after_help = "\
 The tracer, libgpumemtrace.so, is looked for next to this executable; set GPUMEMTRACE_LIB
@@ -124,6 +132,18 @@ fn main() -> ExitCode {
             });
             match result {
                 Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("gpumemtrace: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Cmd::Dump { trace } => {
+            let mut out = io::stdout().lock();
+            match report::dump::run(&trace, &mut out).and_then(|ok| out.flush().map(|_| ok)) {
+                Ok(true) => ExitCode::SUCCESS,
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::FAILURE,
                 Err(e) => {
                     eprintln!("gpumemtrace: {e}");

@@ -45,6 +45,7 @@ pub fn cuda_result_name(code: u32) -> Option<&'static str> {
         400 => "invalid handle",
         500 => "not found",
         700 => "illegal address",
+        800 => "not permitted",
         801 => "not supported",
         999 => "unknown",
         _ => return None,

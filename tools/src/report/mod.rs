@@ -1,5 +1,6 @@
 //! Reports over the [`Trace`] model, and the call-site aggregation they share.
 
+pub mod dump;
 pub mod summary;
 
 use std::collections::HashMap;

@@ -428,7 +428,12 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
     for g in &r.groups {
         let mut head = format!(
             "{}, {} memory: {}, {} allocated, {}, {} failed",
-            device_name(g.device),
+            // Address reservations belong to no device; only pinned memory is "host".
+            if g.device < 0 && g.kind.to_string() != "host-pinned" {
+                "no device".to_string()
+            } else {
+                device_name(g.device)
+            },
             g.kind,
             count(g.allocations, "allocation"),
             size(g.allocated_bytes),

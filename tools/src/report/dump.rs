@@ -1,0 +1,70 @@
+//! The `dump` report: every record of a trace as JSON lines, for scripts and for checking the
+//! tracer against the truth (examples/gpu/compare.py). Streams; nothing is replayed.
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::path::Path;
+
+use gpumemtrace_format::{Api, MemKind, Op, Reader, Record};
+use serde_json::json;
+
+/// Address namespace of a kind: device, managed and pinned host pointers share one.
+fn namespace(kind: MemKind) -> &'static str {
+    match kind {
+        MemKind::Device | MemKind::Managed | MemKind::HostPinned => "pointer",
+        other => other.name(),
+    }
+}
+
+/// Writes one JSON object per line: `{"process": ...}`, `{"module": ...}`, `{"stack": ...}`,
+/// `{"event": ...}`, `{"notice": ...}`, `{"stats": ...}`; a read error ends the dump with
+/// `{"error": ..., "offset": N}` and a non-zero exit.
+pub fn run(path: &Path, out: &mut impl Write) -> io::Result<bool> {
+    let file = std::fs::File::open(path).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    let reader = match Reader::new(io::BufReader::new(file)) {
+        Ok(r) => r,
+        Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display()))),
+    };
+    let mut apis: HashMap<u32, Api> = HashMap::new();
+    let mut reader = reader;
+    loop {
+        let value = match reader.next_record() {
+            Ok(None) => return Ok(true),
+            Ok(Some(rec)) => match rec {
+                Record::Process(p) => json!({"process": {
+                    "pid": p.pid, "ppid": p.ppid, "start_monotonic_ns": p.start_monotonic_ns,
+                    "start_realtime_ns": p.start_realtime_ns, "exe": p.exe, "args": p.args,
+                    "max_frames": p.max_frames}}),
+                Record::Api(a) => {
+                    let v = json!({"api": {"id": a.id, "name": a.name, "kind": a.kind.name(),
+                        "op": if a.op == Op::Alloc { "alloc" } else { "free" }}});
+                    apis.insert(a.id, a);
+                    v
+                }
+                Record::Module(m) => json!({"module": {"id": m.id, "path": m.path, "bias": m.bias,
+                    "start": m.start, "end": m.end,
+                    "build_id": m.build_id.iter().map(|b| format!("{b:02x}")).collect::<String>()}}),
+                Record::Stack(s) => json!({"stack": {"id": s.id, "frames": s.frames}}),
+                Record::Event(e) => {
+                    let (name, kind, op) = match apis.get(&e.api) {
+                        Some(a) => (a.name.as_str(), a.kind, a.op),
+                        None => ("?", MemKind::Device, Op::Alloc),
+                    };
+                    json!({"event": {"t": e.time_ns, "api": name, "kind": kind.name(),
+                        "namespace": namespace(kind),
+                        "op": if op == Op::Alloc { "alloc" } else { "free" },
+                        "tid": e.tid, "device": e.device, "addr": e.addr, "size": e.size,
+                        "stream": e.stream, "extra": e.extra, "result": e.result, "stack": e.stack}})
+                }
+                Record::Notice(n) => json!({"notice": n}),
+                Record::Stats(s) => json!({"stats": {"events": s.events, "dropped": s.dropped, "final": s.final_}}),
+                Record::Unknown(t) => json!({"unknown_record": t}),
+            },
+            Err(e) => {
+                writeln!(out, "{}", json!({"error": e.to_string(), "offset": reader.offset()}))?;
+                return Ok(false);
+            }
+        };
+        writeln!(out, "{value}")?;
+    }
+}
