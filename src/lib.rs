@@ -19,6 +19,7 @@ mod guard;
 mod hotpath;
 mod modules;
 mod output;
+mod phases;
 mod resolve;
 mod routing;
 mod table;

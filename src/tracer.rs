@@ -26,6 +26,21 @@ const OFF: u8 = 4;
 /// dropping events would corrupt live-memory accounting.
 const QUEUE: usize = 4096;
 
+/// What the hooks hand to the writer, in order.
+pub enum Msg {
+    Event(RawEvent),
+    Phase(RawPhase),
+}
+
+/// A phase boundary (`gpumemtrace_push` / `_pop` / `_mark`, NVTX ranges).
+pub struct RawPhase {
+    /// CLOCK_MONOTONIC, absolute.
+    pub time_ns: u64,
+    pub tid: u32,
+    pub op: gpumemtrace_format::PhaseOp,
+    pub name: String,
+}
+
 /// An event as the hot path captured it, before interning.
 pub struct RawEvent {
     pub api: u32,
@@ -42,8 +57,8 @@ pub struct RawEvent {
 }
 
 struct Tracer {
-    tx: Sender<RawEvent>,
-    rx: Receiver<RawEvent>,
+    tx: Sender<Msg>,
+    rx: Receiver<Msg>,
     writer: Mutex<Writer>,
     /// The trace's file descriptor, to close it in a forked child without touching the lock.
     fd: i32,
@@ -101,22 +116,45 @@ pub fn ensure_started() -> bool {
 
 /// Hands an event to the writer.
 pub fn submit(ev: RawEvent) {
+    send(Msg::Event(ev));
+}
+
+/// Phase records before the tracer started: kept (bounded) so the first events get their phase,
+/// but they alone never start the tracer (a process that never allocates stays untouched).
+static EARLY_PHASES: Mutex<Vec<RawPhase>> = Mutex::new(Vec::new());
+const EARLY_PHASES_MAX: usize = 4096;
+
+/// Hands a phase boundary to the writer.
+pub fn submit_phase(p: RawPhase) {
+    match STATE.load(SeqCst) {
+        UNINIT | STARTING => {
+            let mut early = EARLY_PHASES.lock().unwrap_or_else(|e| e.into_inner());
+            if early.len() < EARLY_PHASES_MAX {
+                early.push(p);
+            }
+        }
+        OFF => {}
+        _ => send(Msg::Phase(p)),
+    }
+}
+
+fn send(msg: Msg) {
     IN_FLIGHT.fetch_add(1, SeqCst);
     match (STATE.load(SeqCst), tracer()) {
         (RUNNING, Some(t)) => {
-            if let Err(e) = t.tx.send(ev) {
+            if let Err(e) = t.tx.send(msg) {
                 write_direct(t, e.into_inner());
             }
         }
-        (DIRECT, Some(t)) => write_direct(t, ev),
+        (DIRECT, Some(t)) => write_direct(t, msg),
         _ => {}
     }
     IN_FLIGHT.fetch_sub(1, SeqCst);
 }
 
-fn write_direct(t: &Tracer, ev: RawEvent) {
+fn write_direct(t: &Tracer, msg: Msg) {
     let mut w = lock(&t.writer);
-    if let Err(e) = w.event(ev).and_then(|_| w.flush()) {
+    if let Err(e) = w.message(msg).and_then(|_| w.flush()) {
         let msg = format!("cannot write {}: {e}", w.path.display());
         drop(w);
         disable(&msg);
@@ -163,7 +201,8 @@ fn open(config: &Config) -> Result<Tracer, String> {
         crate::output::create(&target).map_err(|e| format!("cannot create trace file {}: {e}", target.display()))?;
     use std::os::fd::AsRawFd;
     let fd = file.as_raw_fd();
-    let writer = Writer::create(file, path.clone(), now_ns(), config.max_frames)
+    let early = std::mem::take(&mut *EARLY_PHASES.lock().unwrap_or_else(|e| e.into_inner()));
+    let writer = Writer::create(file, path.clone(), now_ns(), config.max_frames, early)
         .map_err(|e| format!("cannot write trace file {}: {e}", path.display()))?;
     let (tx, rx) = bounded(QUEUE);
     Ok(Tracer { tx, rx, writer: Mutex::new(writer), fd })
@@ -192,11 +231,11 @@ fn writer_loop() {
         }
         let mut w = lock(&t.writer);
         let r = match t.rx.recv_timeout(FLUSH_INTERVAL) {
-            Ok(ev) => {
-                let mut r = w.event(ev);
+            Ok(msg) => {
+                let mut r = w.message(msg);
                 // Batch whatever else is queued, under the same lock.
-                for ev in t.rx.try_iter().take(QUEUE) {
-                    r = r.and_then(|_| w.event(ev));
+                for msg in t.rx.try_iter().take(QUEUE) {
+                    r = r.and_then(|_| w.message(msg));
                 }
                 r.and_then(|_| w.flush_if_due())
             }
@@ -229,8 +268,8 @@ fn finish() {
     let t0 = Instant::now();
     let mut w = lock(&t.writer);
     loop {
-        for ev in t.rx.try_iter() {
-            if w.event(ev).is_err() {
+        for msg in t.rx.try_iter() {
+            if w.message(msg).is_err() {
                 w.dropped += 1;
             }
         }

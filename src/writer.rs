@@ -12,7 +12,7 @@ use gpumemtrace_format::{self as fmt, Encoder, Record};
 
 use crate::modules::{loaded_objects, Object};
 use crate::table::{ALL, HOOKS};
-use crate::tracer::RawEvent;
+use crate::tracer::{Msg, RawEvent, RawPhase};
 
 /// How long recorded events may sit in memory: bounds what a SIGKILL can lose.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(10);
@@ -36,7 +36,13 @@ pub struct Writer {
 
 impl Writer {
     /// Writes the header, the process, the hook table and the current module map.
-    pub fn create(file: File, path: PathBuf, start_ns: u64, max_frames: usize) -> io::Result<Writer> {
+    pub fn create(
+        file: File,
+        path: PathBuf,
+        start_ns: u64,
+        max_frames: usize,
+        early_phases: Vec<RawPhase>,
+    ) -> io::Result<Writer> {
         let mut w = Writer {
             file,
             path,
@@ -57,8 +63,26 @@ impl Writer {
             }
         }
         w.rescan_modules();
+        for p in early_phases {
+            w.phase(p);
+        }
         w.flush()?;
         Ok(w)
+    }
+
+    pub fn message(&mut self, msg: Msg) -> io::Result<()> {
+        match msg {
+            Msg::Event(ev) => self.event(ev),
+            Msg::Phase(p) => {
+                self.phase(p);
+                Ok(())
+            }
+        }
+    }
+
+    fn phase(&mut self, p: RawPhase) {
+        let time_ns = p.time_ns.saturating_sub(self.start_ns);
+        self.put(&Record::Phase(fmt::Phase { time_ns, tid: p.tid, op: p.op, name: p.name }));
     }
 
     fn put(&mut self, rec: &Record) {
@@ -79,6 +103,7 @@ impl Writer {
             size: ev.size,
             stream: ev.stream,
             extra: ev.extra,
+            pystack: 0,
         }));
         self.events += 1;
         if self.buf.len() >= FLUSH_BYTES {

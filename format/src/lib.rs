@@ -30,6 +30,10 @@ pub mod tag {
     pub const EVENT: u8 = 0x05;
     pub const NOTICE: u8 = 0x06;
     pub const STATS: u8 = 0x07;
+    pub const PY_CODE: u8 = 0x08;
+    pub const PY_STACK: u8 = 0x09;
+    pub const PHASE: u8 = 0x0A;
+    pub const THREAD: u8 = 0x0B;
 }
 
 /// What kind of memory an API hands out. The report keeps these apart.
@@ -160,6 +164,87 @@ pub struct Event {
     pub stream: u64,
     /// For `cuMemMap`: the physical allocation handle mapped. Else 0.
     pub extra: u64,
+    /// Id of a [`PyStack`] record: the calling thread's Python stack; 0 = none.
+    pub pystack: u32,
+}
+
+/// A Python code object, written once, before the first Python stack that uses it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PyCode {
+    pub id: u32,
+    /// `co_name`.
+    pub name: String,
+    /// `co_qualname` (3.11+; else equal to `name`).
+    pub qualname: String,
+    /// `co_filename`.
+    pub filename: String,
+    /// `co_firstlineno`.
+    pub firstlineno: u32,
+    /// How `linetable` is encoded: see [`LineTableFormat`].
+    pub linetable_format: u8,
+    /// A copy of `co_linetable` (3.10+), to turn instruction offsets into lines offline.
+    pub linetable: Vec<u8>,
+}
+
+/// Encodings of [`PyCode::linetable`].
+pub mod line_table_format {
+    /// No table: every frame reports `firstlineno`.
+    pub const NONE: u8 = 0;
+    /// CPython 3.10 `co_linetable` (pairs of byte-offset delta, line delta).
+    pub const PY310: u8 = 1;
+    /// CPython 3.11+ location table (PEP 657).
+    pub const PY311: u8 = 2;
+}
+
+/// One Python frame: which code, where in it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PyFrame {
+    /// Id of a [`PyCode`] record.
+    pub code: u32,
+    /// Byte offset of the current instruction in the code's bytecode.
+    pub instr_offset: u32,
+    /// Bit 0: this frame was the first one its interpreter-loop invocation ran (an "entry"
+    /// frame): where, walking outward, the next native `_PyEval_EvalFrameDefault` begins.
+    pub flags: u8,
+}
+
+/// An interned Python stack, innermost frame first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PyStack {
+    pub id: u32,
+    pub frames: Vec<PyFrame>,
+}
+
+/// What a phase record does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PhaseOp {
+    /// A range opens on the thread (`gpumemtrace_push`, `nvtxRangePush`).
+    Push = 1,
+    /// The thread's innermost open range closes.
+    Pop = 2,
+    /// A process-wide marker: from now on the phase is `name` (`gpumemtrace_mark`).
+    Mark = 3,
+}
+
+/// A phase boundary: events carry the phase that is current when they happen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Phase {
+    /// Nanoseconds since [`Process::start_monotonic_ns`].
+    pub time_ns: u64,
+    pub tid: u32,
+    pub op: PhaseOp,
+    /// Empty for `Pop`.
+    pub name: String,
+}
+
+/// A thread's name (as `pthread_setname_np` / `/proc/self/task/TID/comm` tell), written before
+/// the thread's first event.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Thread {
+    pub tid: u32,
+    pub name: String,
+    /// True when the thread had a Python thread state when first seen.
+    pub python: bool,
 }
 
 /// Counters the tracer writes when it stops (and may write more than once).
@@ -184,6 +269,10 @@ pub enum Record {
     /// A message from the tracer (e.g. why tracing stopped early).
     Notice(String),
     Stats(Stats),
+    PyCode(PyCode),
+    PyStack(PyStack),
+    Phase(Phase),
+    Thread(Thread),
     /// A record with a tag this reader does not know (newer writer); skipped.
     Unknown(u8),
 }
@@ -270,6 +359,7 @@ impl Encoder {
                 put_uv(p, e.size);
                 put_uv(p, e.stream);
                 put_uv(p, e.extra);
+                put_uv(p, e.pystack as u64);
                 tag::EVENT
             }
             Record::Notice(s) => {
@@ -281,6 +371,39 @@ impl Encoder {
                 put_uv(p, s.dropped);
                 p.push(s.final_ as u8);
                 tag::STATS
+            }
+            Record::PyCode(c) => {
+                put_uv(p, c.id as u64);
+                put_str(p, &c.name);
+                put_str(p, &c.qualname);
+                put_str(p, &c.filename);
+                put_uv(p, c.firstlineno as u64);
+                p.push(c.linetable_format);
+                put_bytes(p, &c.linetable);
+                tag::PY_CODE
+            }
+            Record::PyStack(s) => {
+                put_uv(p, s.id as u64);
+                put_uv(p, s.frames.len() as u64);
+                for f in &s.frames {
+                    put_uv(p, f.code as u64);
+                    put_uv(p, f.instr_offset as u64);
+                    p.push(f.flags);
+                }
+                tag::PY_STACK
+            }
+            Record::Phase(ph) => {
+                put_uv(p, ph.time_ns);
+                put_uv(p, ph.tid as u64);
+                p.push(ph.op as u8);
+                put_str(p, &ph.name);
+                tag::PHASE
+            }
+            Record::Thread(t) => {
+                put_uv(p, t.tid as u64);
+                put_str(p, &t.name);
+                p.push(t.python as u8);
+                tag::THREAD
             }
             Record::Unknown(t) => *t,
         };
@@ -513,6 +636,9 @@ impl<'a> Payload<'a> {
     fn string(&mut self) -> Result<String, String> {
         Ok(String::from_utf8_lossy(self.bytes()?).into_owned())
     }
+    fn at_end(&self) -> bool {
+        self.pos >= self.b.len()
+    }
 }
 
 fn decode(t: u8, b: &[u8], last_time_ns: &mut u64) -> Result<Record, String> {
@@ -584,8 +710,43 @@ fn decode(t: u8, b: &[u8], last_time_ns: &mut u64) -> Result<Record, String> {
                 size: p.uv()?,
                 stream: p.uv()?,
                 extra: p.uv()?,
+                // Added after version 1's first writer: absent means none.
+                pystack: if p.at_end() { 0 } else { p.u32("python stack id")? },
             })
         }
+        tag::PY_CODE => Record::PyCode(PyCode {
+            id: p.u32("code id")?,
+            name: p.string()?,
+            qualname: p.string()?,
+            filename: p.string()?,
+            firstlineno: p.u32("first line")?,
+            linetable_format: p.byte()?,
+            linetable: p.bytes()?.to_vec(),
+        }),
+        tag::PY_STACK => {
+            let id = p.u32("python stack id")?;
+            let n = p.uv()?;
+            if n > MAX_FRAMES as u64 || n > b.len() as u64 {
+                return Err(format!("python stack with {n} frames exceeds the limit"));
+            }
+            let mut frames = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                frames.push(PyFrame { code: p.u32("code id")?, instr_offset: p.u32("instruction offset")?, flags: p.byte()? });
+            }
+            Record::PyStack(PyStack { id, frames })
+        }
+        tag::PHASE => {
+            let time_ns = p.uv()?;
+            let tid = p.u32("thread id")?;
+            let op = match p.byte()? {
+                1 => PhaseOp::Push,
+                2 => PhaseOp::Pop,
+                3 => PhaseOp::Mark,
+                o => return Err(format!("unknown phase operation {o}")),
+            };
+            Record::Phase(Phase { time_ns, tid, op, name: p.string()? })
+        }
+        tag::THREAD => Record::Thread(Thread { tid: p.u32("thread id")?, name: p.string()?, python: p.byte()? != 0 }),
         tag::NOTICE => Record::Notice(p.string()?),
         tag::STATS => Record::Stats(Stats { events: p.uv()?, dropped: p.uv()?, final_: p.byte()? != 0 }),
         other => return Ok(Record::Unknown(other)),
@@ -630,9 +791,26 @@ mod tests {
                 size: 1 << 20,
                 stream: 0,
                 extra: 0,
+                pystack: 0,
             }),
             Record::Event(Event { api: 3, time_ns: 900, device: -1, result: 2, size: 1 << 40, ..Event::default() }),
             Record::Notice("hello".into()),
+            Record::PyCode(PyCode {
+                id: 1,
+                name: "forward".into(),
+                qualname: "Net.forward".into(),
+                filename: "train.py".into(),
+                firstlineno: 10,
+                linetable_format: line_table_format::PY311,
+                linetable: vec![1, 2, 3],
+            }),
+            Record::PyStack(PyStack {
+                id: 1,
+                frames: vec![PyFrame { code: 1, instr_offset: 24, flags: 1 }, PyFrame { code: 1, instr_offset: 0, flags: 0 }],
+            }),
+            Record::Event(Event { api: 3, time_ns: 950, pystack: 1, ..Event::default() }),
+            Record::Phase(Phase { time_ns: 960, tid: 7, op: PhaseOp::Push, name: "forward".into() }),
+            Record::Thread(Thread { tid: 7, name: "pt_autograd_0".into(), python: false }),
             Record::Stats(Stats { events: 2, dropped: 0, final_: true }),
         ]
     }
@@ -698,6 +876,16 @@ mod tests {
         put_uv(&mut bytes, u64::MAX >> 1);
         let err = Reader::new(&bytes[..]).unwrap().next_record().unwrap_err();
         assert!(matches!(err, ReadError::Corrupt { offset: 12, .. }), "{err}");
+    }
+
+    #[test]
+    fn events_of_the_first_writer_without_a_python_stack_still_read() {
+        // Version 1 events were first written without the trailing `pystack` field.
+        let mut bytes = header().to_vec();
+        bytes.extend_from_slice(&[tag::EVENT, 10, 1, 2, 3, 4, 0, 0, 5, 6, 0, 0]);
+        let rec = Reader::new(&bytes[..]).unwrap().next_record().unwrap().unwrap();
+        let Record::Event(e) = rec else { panic!("{rec:?}") };
+        assert_eq!((e.api, e.tid, e.addr, e.size, e.pystack), (1, 3, 5, 6, 0));
     }
 
     #[test]

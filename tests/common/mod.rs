@@ -124,7 +124,7 @@ pub fn read_trace(path: &Path) -> TraceData {
             Record::Module(m) => t.modules.push(m),
             Record::Stats(s) => t.stats = Some(s),
             Record::Notice(n) => t.notices.push(n),
-            Record::Unknown(_) => {}
+            Record::PyCode(_) | Record::PyStack(_) | Record::Phase(_) | Record::Thread(_) | Record::Unknown(_) => {}
         }
     }
     t

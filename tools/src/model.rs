@@ -161,6 +161,8 @@ impl Trace {
                 }
                 Record::Notice(n) => trace.notices.push(n),
                 Record::Stats(s) => trace.stats = Some(s),
+                // Python stacks, phases and thread names: not used by these reports yet.
+                Record::PyCode(_) | Record::PyStack(_) | Record::Phase(_) | Record::Thread(_) => {}
                 Record::Unknown(_) => {}
             }
             ControlFlow::Continue(())

@@ -54,10 +54,20 @@ pub fn run(path: &Path, out: &mut impl Write) -> io::Result<bool> {
                         "namespace": namespace(kind),
                         "op": if op == Op::Alloc { "alloc" } else { "free" },
                         "tid": e.tid, "device": e.device, "addr": e.addr, "size": e.size,
-                        "stream": e.stream, "extra": e.extra, "result": e.result, "stack": e.stack}})
+                        "stream": e.stream, "extra": e.extra, "result": e.result, "stack": e.stack,
+                        "pystack": e.pystack}})
                 }
                 Record::Notice(n) => json!({"notice": n}),
                 Record::Stats(s) => json!({"stats": {"events": s.events, "dropped": s.dropped, "final": s.final_}}),
+                Record::PyCode(c) => json!({"pycode": {"id": c.id, "name": c.name, "qualname": c.qualname,
+                    "filename": c.filename, "firstlineno": c.firstlineno,
+                    "linetable_format": c.linetable_format, "linetable_len": c.linetable.len()}}),
+                Record::PyStack(s) => json!({"pystack": {"id": s.id, "frames": s.frames.iter()
+                    .map(|f| json!({"code": f.code, "instr_offset": f.instr_offset, "flags": f.flags}))
+                    .collect::<Vec<_>>()}}),
+                Record::Phase(p) => json!({"phase": {"t": p.time_ns, "tid": p.tid,
+                    "op": format!("{:?}", p.op).to_lowercase(), "name": p.name}}),
+                Record::Thread(t) => json!({"thread": {"tid": t.tid, "name": t.name, "python": t.python}}),
                 Record::Unknown(t) => json!({"unknown_record": t}),
             },
             Err(e) => {
