@@ -11,6 +11,16 @@ pub struct Config {
     pub max_frames: usize,
     /// `GPUMEMTRACE_DISABLE=1`: record nothing, create nothing.
     pub disabled: bool,
+    /// `GPUMEMTRACE_FILE_MODE`: permission bits of new trace files (octal), default 0600.
+    pub file_mode: u32,
+    /// `RANK` / `LOCAL_RANK` as torchrun-style launchers set them: part of the trace's name.
+    pub rank: Option<u32>,
+    pub local_rank: Option<u32>,
+    /// Testing knobs (documented as such): slow the writer down by this many microseconds per
+    /// batch (`GPUMEMTRACE_TEST_WRITER_DELAY_US`), panic while recording the Nth event
+    /// (`GPUMEMTRACE_TEST_PANIC_AT`).
+    pub test_writer_delay_us: u64,
+    pub test_panic_at: u64,
 }
 
 impl Config {
@@ -19,19 +29,30 @@ impl Config {
     }
 
     fn from_lookup(get: impl Fn(&str) -> Option<String>, warn: impl Fn(&str)) -> Config {
-        let max = gpumemtrace_format::MAX_FRAMES;
-        let max_frames = match get("GPUMEMTRACE_FRAMES") {
-            None => DEFAULT_FRAMES,
-            Some(v) => match v.trim().parse::<usize>() {
+        // A number in `0..=max` (in `radix`), or the default with a warning.
+        let number = |name: &str, radix: u32, max: u64, default: u64| -> u64 {
+            let Some(v) = get(name) else { return default };
+            match u64::from_str_radix(v.trim(), radix) {
                 Ok(n) if n <= max => n,
                 _ => {
-                    warn(&format!(
-                        "GPUMEMTRACE_FRAMES={v:?} is not a number from 0 to {max}; using {DEFAULT_FRAMES}"
-                    ));
-                    DEFAULT_FRAMES
+                    let (shown_max, shown_default) = if radix == 8 {
+                        (format!("{max:o}"), format!("{default:o}"))
+                    } else {
+                        (max.to_string(), default.to_string())
+                    };
+                    warn(&format!("{name}={v:?} is not a number from 0 to {shown_max}; using {shown_default}"));
+                    default
                 }
-            },
+            }
         };
+        let max = gpumemtrace_format::MAX_FRAMES as u64;
+        let max_frames = number("GPUMEMTRACE_FRAMES", 10, max, DEFAULT_FRAMES as u64) as usize;
+        let mut file_mode = number("GPUMEMTRACE_FILE_MODE", 8, 0o777, 0o600) as u32;
+        if file_mode & 0o600 != 0o600 {
+            warn(&format!("GPUMEMTRACE_FILE_MODE={file_mode:o} must let the owner read and write; using 600"));
+            file_mode = 0o600;
+        }
+        let rank = |name: &str| get(name).and_then(|v| v.trim().parse::<u32>().ok());
         let disabled = match get("GPUMEMTRACE_DISABLE").as_deref().map(str::trim) {
             None | Some("") | Some("0") => false,
             Some("1") => true,
@@ -41,7 +62,16 @@ impl Config {
             }
         };
         let output = get("GPUMEMTRACE_OUTPUT").filter(|s| !s.is_empty());
-        Config { output, max_frames, disabled }
+        Config {
+            output,
+            max_frames,
+            disabled,
+            file_mode,
+            rank: rank("RANK"),
+            local_rank: rank("LOCAL_RANK"),
+            test_writer_delay_us: number("GPUMEMTRACE_TEST_WRITER_DELAY_US", 10, 1_000_000, 0),
+            test_panic_at: number("GPUMEMTRACE_TEST_PANIC_AT", 10, u64::MAX, 0),
+        }
     }
 }
 
@@ -74,12 +104,25 @@ mod tests {
         let (c, w) = cfg(&[("GPUMEMTRACE_FRAMES", "5000")]);
         assert_eq!(c.max_frames, 64);
         assert!(w[0].contains("0 to 1024"), "{w:?}");
+        let (c, w) = cfg(&[("GPUMEMTRACE_FILE_MODE", "0400")]);
+        assert_eq!(c.file_mode, 0o600);
+        assert!(w[0].contains("owner read and write"), "{w:?}");
+        let (c, w) = cfg(&[("GPUMEMTRACE_FILE_MODE", "9")]);
+        assert_eq!((c.file_mode, w.len()), (0o600, 1));
     }
 
     #[test]
     fn valid_values_are_taken() {
-        let (c, w) = cfg(&[("GPUMEMTRACE_FRAMES", "16"), ("GPUMEMTRACE_DISABLE", "1"), ("GPUMEMTRACE_OUTPUT", "/tmp/x/")]);
+        let (c, w) = cfg(&[
+            ("GPUMEMTRACE_FRAMES", "16"),
+            ("GPUMEMTRACE_DISABLE", "1"),
+            ("GPUMEMTRACE_OUTPUT", "/tmp/x/"),
+            ("GPUMEMTRACE_FILE_MODE", "640"),
+            ("RANK", "3"),
+            ("LOCAL_RANK", "1"),
+        ]);
         assert_eq!((c.max_frames, c.disabled, c.output.as_deref()), (16, true, Some("/tmp/x/")));
+        assert_eq!((c.file_mode, c.rank, c.local_rank), (0o640, Some(3), Some(1)));
         assert!(w.is_empty());
     }
 }

@@ -32,8 +32,13 @@ pub fn traced(id: Id, call: impl FnOnce() -> Status, describe: impl FnOnce(Statu
             record(id, result, fields);
         }
     }));
-    if recorded.is_err() {
-        tracer::disable("internal error (panic) while recording a call");
+    if let Err(payload) = recorded {
+        let what = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracer::disable(&format!("internal error while recording a call ({what})"));
     }
     result
 }

@@ -14,6 +14,7 @@
 //!   they hold. `unsafe` lives in the FFI-facing modules, each use with a `// SAFETY:` note.
 
 mod config;
+mod crash;
 mod cuda;
 mod guard;
 mod hotpath;

@@ -7,13 +7,20 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// The path the trace of process `pid` should get, from `GPUMEMTRACE_OUTPUT` (or the default
-/// `gpumemtrace-<pid>.trace` in the working directory).
-pub fn target(setting: Option<&str>, pid: u32) -> PathBuf {
-    let default_name = format!("gpumemtrace-{pid}.trace");
+/// `gpumemtrace-<pid>.trace` in the working directory). Under a torchrun-style launcher (`RANK`
+/// set) the default name is `gpumemtrace-rank<RANK>-<pid>.trace`, so ranks sort together and a
+/// restarted rank (new pid) never collides. In a setting, `%p` is the pid and `%r` the rank
+/// (`x` when there is none).
+pub fn target(setting: Option<&str>, pid: u32, rank: Option<u32>) -> PathBuf {
+    let default_name = match rank {
+        Some(r) => format!("gpumemtrace-rank{r}-{pid}.trace"),
+        None => format!("gpumemtrace-{pid}.trace"),
+    };
     match setting {
         None => PathBuf::from(default_name),
         Some(s) => {
-            let s = s.replace("%p", &pid.to_string());
+            let rank = rank.map_or_else(|| "x".to_string(), |r| r.to_string());
+            let s = s.replace("%p", &pid.to_string()).replace("%r", &rank);
             if s.ends_with('/') || Path::new(&s).is_dir() {
                 Path::new(&s).join(default_name)
             } else {
@@ -24,13 +31,13 @@ pub fn target(setting: Option<&str>, pid: u32) -> PathBuf {
 }
 
 /// Creates the trace file at `path`, or at `name.1.trace`, `name.2.trace`... if taken.
-pub fn create(path: &Path) -> io::Result<(File, PathBuf)> {
+pub fn create(path: &Path, mode: u32) -> io::Result<(File, PathBuf)> {
     let mut candidate = path.to_path_buf();
     for n in 1..=1000u32 {
         match OpenOptions::new()
             .write(true)
             .create_new(true) // O_CREAT | O_EXCL: also refuses to follow a symlink at the path
-            .mode(0o600)
+            .mode(mode)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&candidate)
         {
@@ -57,10 +64,14 @@ mod tests {
 
     #[test]
     fn names_follow_the_setting() {
-        assert_eq!(target(None, 7), PathBuf::from("gpumemtrace-7.trace"));
-        assert_eq!(target(Some("/tmp/"), 7), PathBuf::from("/tmp/gpumemtrace-7.trace"));
-        assert_eq!(target(Some("/tmp"), 7), PathBuf::from("/tmp/gpumemtrace-7.trace"));
-        assert_eq!(target(Some("/x/run-%p.trace"), 7), PathBuf::from("/x/run-7.trace"));
+        assert_eq!(target(None, 7, None), PathBuf::from("gpumemtrace-7.trace"));
+        assert_eq!(target(Some("/tmp/"), 7, None), PathBuf::from("/tmp/gpumemtrace-7.trace"));
+        assert_eq!(target(Some("/tmp"), 7, None), PathBuf::from("/tmp/gpumemtrace-7.trace"));
+        assert_eq!(target(Some("/x/run-%p.trace"), 7, None), PathBuf::from("/x/run-7.trace"));
+        assert_eq!(target(None, 7, Some(3)), PathBuf::from("gpumemtrace-rank3-7.trace"));
+        assert_eq!(target(Some("/tmp/"), 7, Some(0)), PathBuf::from("/tmp/gpumemtrace-rank0-7.trace"));
+        assert_eq!(target(Some("/x/r%r-%p.trace"), 7, Some(2)), PathBuf::from("/x/r2-7.trace"));
+        assert_eq!(target(Some("/x/r%r.trace"), 7, None), PathBuf::from("/x/rx.trace"));
     }
 
     #[test]
@@ -72,7 +83,7 @@ mod tests {
         let victim = dir.join("victim");
         std::fs::write(&victim, b"victim").unwrap();
         std::os::unix::fs::symlink(&victim, dir.join("t.1.trace")).unwrap();
-        let (_f, got) = create(&p).unwrap();
+        let (_f, got) = create(&p, 0o600).unwrap();
         assert_eq!(got, dir.join("t.2.trace"));
         assert_eq!(std::fs::read(&p).unwrap(), b"precious");
         assert_eq!(std::fs::read(&victim).unwrap(), b"victim");

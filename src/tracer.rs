@@ -7,7 +7,7 @@
 //! hooks then only forward calls).
 
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -60,6 +60,8 @@ struct Tracer {
     tx: Sender<Msg>,
     rx: Receiver<Msg>,
     writer: Mutex<Writer>,
+    /// Testing knob: pause per writer batch (back-pressure tests).
+    writer_delay: Duration,
     /// The trace's file descriptor, to close it in a forked child without touching the lock.
     fd: i32,
 }
@@ -72,6 +74,13 @@ static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 static MAX_FRAMES: AtomicUsize = AtomicUsize::new(crate::config::DEFAULT_FRAMES);
 static ONCE_PER_IMAGE: AtomicBool = AtomicBool::new(false);
 static WARNED: AtomicBool = AtomicBool::new(false);
+/// Testing knob: the event number whose recording panics (0 = never), and the count so far.
+static TEST_PANIC_AT: AtomicU64 = AtomicU64::new(0);
+static SUBMITTED: AtomicU64 = AtomicU64::new(0);
+/// Flush requests from the fatal-signal handler, and how many the writer has completed.
+static FLUSH_REQUESTED: AtomicU64 = AtomicU64::new(0);
+static FLUSH_DONE: AtomicU64 = AtomicU64::new(0);
+static FATAL_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
 pub fn now_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -116,6 +125,10 @@ pub fn ensure_started() -> bool {
 
 /// Hands an event to the writer.
 pub fn submit(ev: RawEvent) {
+    let n = SUBMITTED.fetch_add(1, SeqCst) + 1;
+    if n == TEST_PANIC_AT.load(SeqCst) {
+        panic!("GPUMEMTRACE_TEST_PANIC_AT={n}: deliberate panic for testing");
+    }
     send(Msg::Event(ev));
 }
 
@@ -170,6 +183,10 @@ fn start() {
         }
         return;
     }
+    // This library's copy of std has its own panic hook: silence it, so that a panic (caught at
+    // the hook) costs the user one line from `disable`, not a backtrace. A Rust host program's
+    // own hook, in its own std, is not touched.
+    std::panic::set_hook(Box::new(|_| {}));
     let config = Config::from_env();
     if config.disabled {
         STATE.store(OFF, SeqCst);
@@ -184,6 +201,7 @@ fn start() {
                     libc::atexit(at_exit);
                     libc::pthread_atfork(None, None, Some(in_forked_child));
                 }
+                crate::crash::install();
             }
             STATE.store(RUNNING, SeqCst);
             if let Err(e) = spawn_writer() {
@@ -196,16 +214,18 @@ fn start() {
 
 fn open(config: &Config) -> Result<Tracer, String> {
     MAX_FRAMES.store(config.max_frames, SeqCst);
-    let target = crate::output::target(config.output.as_deref(), std::process::id());
+    let target = crate::output::target(config.output.as_deref(), std::process::id(), config.rank);
     let (file, path) =
-        crate::output::create(&target).map_err(|e| format!("cannot create trace file {}: {e}", target.display()))?;
+        crate::output::create(&target, config.file_mode).map_err(|e| format!("cannot create trace file {}: {e}", target.display()))?;
     use std::os::fd::AsRawFd;
     let fd = file.as_raw_fd();
     let early = std::mem::take(&mut *EARLY_PHASES.lock().unwrap_or_else(|e| e.into_inner()));
-    let writer = Writer::create(file, path.clone(), now_ns(), config.max_frames, early)
+    let writer = Writer::create(file, path.clone(), now_ns(), config, early)
         .map_err(|e| format!("cannot write trace file {}: {e}", path.display()))?;
     let (tx, rx) = bounded(QUEUE);
-    Ok(Tracer { tx, rx, writer: Mutex::new(writer), fd })
+    TEST_PANIC_AT.store(config.test_panic_at, SeqCst);
+    let writer_delay = Duration::from_micros(config.test_writer_delay_us);
+    Ok(Tracer { tx, rx, writer: Mutex::new(writer), writer_delay, fd })
 }
 
 /// The writer thread, with every signal blocked so the host's signals go to its own threads.
@@ -229,6 +249,9 @@ fn writer_loop() {
         if STATE.load(SeqCst) != RUNNING {
             return; // exit drain or error: the rest is done by whoever changed the state
         }
+        if !t.writer_delay.is_zero() {
+            std::thread::sleep(t.writer_delay);
+        }
         let mut w = lock(&t.writer);
         let r = match t.rx.recv_timeout(FLUSH_INTERVAL) {
             Ok(msg) => {
@@ -242,6 +265,7 @@ fn writer_loop() {
             Err(RecvTimeoutError::Timeout) => w.flush_if_due(),
             Err(RecvTimeoutError::Disconnected) => return,
         };
+        let r = r.and_then(|_| serve_flush_request(t, &mut w));
         if let Err(e) = r {
             let msg = format!("cannot write {}: {e}", w.path.display());
             drop(w);
@@ -253,6 +277,40 @@ fn writer_loop() {
             return;
         }
     }
+}
+
+/// Called from a fatal-signal handler (async-signal-safe: atomics and nanosleep only): asks the
+/// writer thread to write out everything queued, and waits for it at most one second.
+pub fn flush_for_signal(sig: i32) {
+    if STATE.load(SeqCst) != RUNNING {
+        return; // DIRECT writes synchronously; OFF has nothing to write
+    }
+    FATAL_SIGNAL.store(sig, SeqCst);
+    let want = FLUSH_REQUESTED.fetch_add(1, SeqCst) + 1;
+    let ms = libc::timespec { tv_sec: 0, tv_nsec: 1_000_000 };
+    for _ in 0..1000 {
+        if FLUSH_DONE.load(SeqCst) >= want {
+            return;
+        }
+        // SAFETY: nanosleep is async-signal-safe; a null remainder pointer is allowed.
+        unsafe { libc::nanosleep(&ms, null_mut()) };
+    }
+}
+
+/// On the writer thread: honours a pending flush request from a signal handler.
+fn serve_flush_request(t: &Tracer, w: &mut Writer) -> std::io::Result<()> {
+    let want = FLUSH_REQUESTED.load(SeqCst);
+    if FLUSH_DONE.load(SeqCst) >= want {
+        return Ok(());
+    }
+    for msg in t.rx.try_iter() {
+        w.message(msg)?;
+    }
+    w.notice(&format!("the process received fatal signal {}", FATAL_SIGNAL.load(SeqCst)));
+    w.stats(false);
+    let r = w.flush();
+    FLUSH_DONE.store(want, SeqCst);
+    r
 }
 
 /// At exit: switch hooks to synchronous writes, drain the queue, mark the trace complete.

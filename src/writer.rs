@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use gpumemtrace_format::{self as fmt, Encoder, Record};
 
+use crate::config::Config;
 use crate::modules::{loaded_objects, Object};
 use crate::table::{ALL, HOOKS};
 use crate::tracer::{Msg, RawEvent, RawPhase};
@@ -36,13 +37,7 @@ pub struct Writer {
 
 impl Writer {
     /// Writes the header, the process, the hook table and the current module map.
-    pub fn create(
-        file: File,
-        path: PathBuf,
-        start_ns: u64,
-        max_frames: usize,
-        early_phases: Vec<RawPhase>,
-    ) -> io::Result<Writer> {
+    pub fn create(file: File, path: PathBuf, start_ns: u64, config: &Config, early_phases: Vec<RawPhase>) -> io::Result<Writer> {
         let mut w = Writer {
             file,
             path,
@@ -56,7 +51,7 @@ impl Writer {
             dropped: 0,
             last_flush: Instant::now(),
         };
-        w.put(&Record::Process(process_info(start_ns, max_frames)));
+        w.put(&Record::Process(process_info(start_ns, config)));
         for (&id, hook) in ALL.iter().zip(HOOKS) {
             if let Some((kind, op)) = hook.event {
                 w.put(&Record::Api(fmt::Api { id: id as u32, name: hook.name().to_owned(), kind, op }));
@@ -171,7 +166,7 @@ impl Writer {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let r = self.file.write_all(&self.buf);
+        let r = write_all_without_sigxfsz(&mut self.file, &self.buf);
         self.buf.clear();
         r
     }
@@ -185,7 +180,32 @@ impl Writer {
     }
 }
 
-fn process_info(start_ns: u64, max_frames: usize) -> fmt::Process {
+/// Writes `buf`, but never lets the write kill the host: past RLIMIT_FSIZE the kernel sends
+/// SIGXFSZ, whose default action ends the process. With the signal blocked the write fails with
+/// EFBIG instead; the signal our write raised is consumed, one the host had pending is left.
+fn write_all_without_sigxfsz(file: &mut File, buf: &[u8]) -> io::Result<()> {
+    // SAFETY: signal-mask calls on local sets; the previous mask is restored before returning.
+    unsafe {
+        let mut xfsz: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        let mut pending: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut xfsz);
+        libc::sigaddset(&mut xfsz, libc::SIGXFSZ);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &xfsz, &mut old);
+        libc::sigpending(&mut pending);
+        let was_pending = libc::sigismember(&pending, libc::SIGXFSZ) == 1;
+        let r = file.write_all(buf);
+        libc::sigpending(&mut pending);
+        if !was_pending && libc::sigismember(&pending, libc::SIGXFSZ) == 1 {
+            let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            libc::sigtimedwait(&xfsz, std::ptr::null_mut(), &zero);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        r
+    }
+}
+
+fn process_info(start_ns: u64, config: &Config) -> fmt::Process {
     let args = std::fs::read("/proc/self/cmdline")
         .map(|b| {
             b.split(|&c| c == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect()
@@ -206,6 +226,8 @@ fn process_info(start_ns: u64, max_frames: usize) -> fmt::Process {
         start_realtime_ns: realtime.saturating_sub(monotonic.saturating_sub(start_ns)),
         exe,
         args,
-        max_frames: max_frames as u32,
+        max_frames: config.max_frames as u32,
+        rank: config.rank,
+        local_rank: config.local_rank,
     }
 }

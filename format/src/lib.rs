@@ -110,6 +110,9 @@ pub struct Process {
     pub args: Vec<String>,
     /// Stack depth the tracer was configured with.
     pub max_frames: u32,
+    /// `RANK` and `LOCAL_RANK` of a torchrun-style launcher, when set.
+    pub rank: Option<u32>,
+    pub local_rank: Option<u32>,
 }
 
 /// One entry of the hook table: an interposed function.
@@ -319,6 +322,8 @@ impl Encoder {
                     put_str(p, a);
                 }
                 put_uv(p, r.max_frames as u64);
+                put_uv(p, r.rank.map_or(0, |v| v as u64 + 1));
+                put_uv(p, r.local_rank.map_or(0, |v| v as u64 + 1));
                 tag::PROCESS
             }
             Record::Api(r) => {
@@ -656,7 +661,17 @@ fn decode(t: u8, b: &[u8], last_time_ns: &mut u64) -> Result<Record, String> {
             }
             let args = (0..n).map(|_| p.string()).collect::<Result<Vec<_>, _>>()?;
             let max_frames = p.u32("max_frames")?;
-            Record::Process(Process { pid, ppid, start_monotonic_ns, start_realtime_ns, exe, args, max_frames })
+            // Optional trailing fields (0 or absent = not set).
+            let mut opt = || -> Result<Option<u32>, String> {
+                if p.at_end() {
+                    return Ok(None);
+                }
+                let v = p.u32("rank")?;
+                Ok(v.checked_sub(1))
+            };
+            let rank = opt()?;
+            let local_rank = opt()?;
+            Record::Process(Process { pid, ppid, start_monotonic_ns, start_realtime_ns, exe, args, max_frames, rank, local_rank })
         }
         tag::API => {
             let id = p.u32("api id")?;
@@ -769,6 +784,8 @@ mod tests {
                 exe: "/usr/bin/python3".into(),
                 args: vec!["python3".into(), "train.py".into()],
                 max_frames: 64,
+                rank: Some(0),
+                local_rank: None,
             }),
             Record::Api(Api { id: 3, name: "cudaMalloc".into(), kind: MemKind::Device, op: Op::Alloc }),
             Record::Module(Module {
