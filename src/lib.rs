@@ -15,6 +15,7 @@
 
 mod config;
 mod crash;
+mod exec;
 mod cuda;
 mod guard;
 mod hotpath;

@@ -7,7 +7,7 @@
 //! hooks then only forward calls).
 
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -74,6 +74,8 @@ static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 static MAX_FRAMES: AtomicUsize = AtomicUsize::new(crate::config::DEFAULT_FRAMES);
 static ONCE_PER_IMAGE: AtomicBool = AtomicBool::new(false);
 static WARNED: AtomicBool = AtomicBool::new(false);
+/// The process the running tracer belongs to.
+static TRACER_PID: AtomicU32 = AtomicU32::new(0);
 /// Testing knob: the event number whose recording panics (0 = never), and the count so far.
 static TEST_PANIC_AT: AtomicU64 = AtomicU64::new(0);
 static SUBMITTED: AtomicU64 = AtomicU64::new(0);
@@ -107,10 +109,15 @@ fn lock(w: &Mutex<Writer>) -> MutexGuard<'_, Writer> {
     w.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Tells the user once, on stderr, and stops tracing; the program is unaffected.
+/// Why tracing was turned off, for the trace's last notice.
+static DISABLED_WHY: Mutex<Option<String>> = Mutex::new(None);
+
+/// Tells the user once, on stderr, and stops tracing; the program is unaffected. What was
+/// recorded before is still written out (by the writer thread, or at exit).
 pub fn disable(why: &str) {
     STATE.store(OFF, SeqCst);
     if !WARNED.swap(true, SeqCst) {
+        *DISABLED_WHY.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.to_owned());
         eprintln!("gpumemtrace: {why}; tracing is off for the rest of this process");
     }
 }
@@ -194,6 +201,7 @@ fn start() {
     }
     match open(&config) {
         Ok(t) => {
+            TRACER_PID.store(std::process::id(), SeqCst);
             TRACER.store(Box::into_raw(Box::new(t)), SeqCst);
             if !ONCE_PER_IMAGE.swap(true, SeqCst) {
                 // SAFETY: registering plain extern "C" handlers; they never unwind.
@@ -246,8 +254,14 @@ fn writer_loop() {
     crate::guard::Guard::forbid_on_this_thread();
     let Some(t) = tracer() else { return };
     loop {
-        if STATE.load(SeqCst) != RUNNING {
-            return; // exit drain or error: the rest is done by whoever changed the state
+        match STATE.load(SeqCst) {
+            RUNNING => {}
+            OFF => {
+                // Turned off (a panic, say): keep what was recorded up to here.
+                write_out(t, false);
+                return;
+            }
+            _ => return, // the exit drain does the rest
         }
         if !t.writer_delay.is_zero() {
             std::thread::sleep(t.writer_delay);
@@ -318,11 +332,27 @@ extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(finish);
 }
 
+/// Before `exec*`: the same as at exit (the new image starts a trace of its own). Not in a
+/// `vfork` child (Python's subprocess uses vfork): it shares the parent's memory, and the
+/// parent's tracer must go on untouched.
+pub fn finish_before_exec() {
+    // SAFETY: getpid has no preconditions.
+    if TRACER_PID.load(SeqCst) == unsafe { libc::getpid() } as u32 {
+        finish();
+    }
+}
+
 fn finish() {
     let Some(t) = tracer() else { return };
-    if STATE.compare_exchange(RUNNING, DIRECT, SeqCst, SeqCst).is_err() {
-        return;
+    if STATE.compare_exchange(RUNNING, DIRECT, SeqCst, SeqCst).is_ok() {
+        write_out(t, true);
+    } else if STATE.load(SeqCst) == OFF {
+        write_out(t, true); // the writer thread may not have got to it before the exit
     }
+}
+
+/// Drains the queue into the file and writes the counters (`final_`: the trace is complete).
+fn write_out(t: &Tracer, final_: bool) {
     let t0 = Instant::now();
     let mut w = lock(&t.writer);
     loop {
@@ -343,7 +373,10 @@ fn finish() {
         std::thread::yield_now();
         w = lock(&t.writer);
     }
-    w.stats(true);
+    if let Some(why) = DISABLED_WHY.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        w.notice(&format!("tracing stopped early: {why}"));
+    }
+    w.stats(final_);
     let _ = w.flush();
 }
 

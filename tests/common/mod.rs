@@ -132,6 +132,8 @@ pub fn read_trace(path: &Path) -> TraceData {
 
 pub struct Run {
     pub out: Output,
+    /// The process id of the program run.
+    pub pid: u32,
     pub stdout: String,
     pub stderr: String,
     pub dir: PathBuf,
@@ -141,6 +143,10 @@ pub struct Run {
 }
 
 impl Run {
+    pub fn out_pid(&self) -> u32 {
+        self.pid
+    }
+
     /// The one trace of the run.
     pub fn trace(&self) -> TraceData {
         assert_eq!(self.traces.len(), 1, "expected one trace, got {:?}\nstderr: {}", self.traces, self.stderr);
@@ -160,10 +166,12 @@ pub fn run_traced(prog: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    finish(cmd.output().unwrap(), dir)
+    let child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let pid = child.id();
+    finish(child.wait_with_output().unwrap(), dir, pid)
 }
 
-pub fn finish(out: Output, dir: PathBuf) -> Run {
+pub fn finish(out: Output, dir: PathBuf, pid: u32) -> Run {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let mut traces: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -172,7 +180,7 @@ pub fn finish(out: Output, dir: PathBuf) -> Run {
         .filter(|p| p.extension().is_some_and(|e| e == "trace"))
         .collect();
     traces.sort();
-    Run { logged: parse_log(&stdout), out, stdout, stderr, dir, traces }
+    Run { logged: parse_log(&stdout), out, pid, stdout, stderr, dir, traces }
 }
 
 pub fn kind_name(k: MemKind) -> &'static str {

@@ -1,0 +1,393 @@
+//! The tracer survives the runs that go wrong: fork, exec, fatal signals, SIGKILL, exit from
+//! any thread, load, slow disks, full disks, unwritable directories, its own panics; and the
+//! host program's output, exit status and signal behaviour stay exactly what they were.
+
+mod common;
+use common::*;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use gpumemtrace_format::{Reader, ReadError, Record};
+
+const MIB: u64 = 1 << 20;
+
+/// Sizes of the successful allocations in a trace, in order.
+fn alloc_sizes(t: &TraceData) -> Vec<u64> {
+    t.events
+        .iter()
+        .filter(|e| e.result == 0 && t.api(e).op == gpumemtrace_format::Op::Alloc)
+        .map(|e| e.size)
+        .collect()
+}
+
+fn trace_named(run: &Run, pid: u32) -> PathBuf {
+    run.dir.join(format!("gpumemtrace-{pid}.trace"))
+}
+
+fn stdout_value(run: &Run, key: &str) -> u32 {
+    run.stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("{key} not printed: {}", run.stdout))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_forked_child_that_allocates_gets_its_own_trace_and_one_that_does_not_gets_none() {
+    let run = run_traced("prog_lifecycle", &["fork"], &[]);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    let parent = read_trace(&trace_named(&run, run.out_pid()));
+    assert_eq!(alloc_sizes(&parent), vec![MIB, 4 * MIB], "the parent's trace is intact");
+    assert!(parent.stats.unwrap().final_);
+    let child = read_trace(&trace_named(&run, stdout_value(&run, "child_cuda_pid")));
+    assert_eq!(alloc_sizes(&child), vec![2 * MIB, 3 * MIB]);
+    assert_eq!(child.events.len(), 3, "alloc, free, alloc");
+    assert!(child.stats.unwrap().final_);
+    assert!(!trace_named(&run, stdout_value(&run, "child_nocuda_pid")).exists());
+    assert_eq!(run.traces.len(), 2);
+}
+
+#[test]
+fn exec_of_a_traced_program_yields_one_trace_per_image() {
+    let target = emu().join("prog_driver");
+    let run = run_traced("prog_lifecycle", &["exec", target.to_str().unwrap()], &[]);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    assert_eq!(run.traces.len(), 2, "{:?}", run.traces);
+    // Same pid: the new image's trace takes the next free name.
+    let before = read_trace(&trace_named(&run, run.out_pid()));
+    let after = read_trace(&run.dir.join(format!("gpumemtrace-{}.1.trace", run.out_pid())));
+    assert_eq!(before.pid, after.pid);
+    assert_eq!(alloc_sizes(&before), vec![MIB], "written out before the exec");
+    assert!(before.stats.unwrap().final_);
+    assert!(alloc_sizes(&after).len() >= 10, "the exec'd program is traced too");
+}
+
+#[test]
+fn vfork_children_do_not_disturb_the_parents_trace() {
+    let run = run_traced("prog_lifecycle", &["vfork"], &[]);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    let t = run.trace();
+    assert_eq!(alloc_sizes(&t), vec![MIB, 2 * MIB]);
+    let stats: Vec<_> = t.stats.into_iter().collect();
+    assert!(stats[0].final_);
+}
+
+/// Every allocation made before a fatal signal is on disk, and the process still dies of it.
+fn assert_dies_of(mode: &str, signal: i32) {
+    let run = run_traced("prog_lifecycle", &[mode], &[]);
+    assert_eq!(run.out.status.signal(), Some(signal), "{mode}: {:?} {}", run.out.status, run.stderr);
+    let t = run.trace();
+    assert_eq!(alloc_sizes(&t), vec![8 * MIB, 9 * MIB], "{mode}");
+    if signal != libc::SIGKILL {
+        assert!(t.notices.iter().any(|n| n == &format!("the process received fatal signal {signal}")), "{mode}: {:?}", t.notices);
+    }
+    let json = summary_json(&run.traces[0]);
+    assert_eq!(json["traces"][0]["groups"][0]["live_bytes"], 17 * MIB, "{mode}");
+}
+
+#[test]
+fn segfault_keeps_the_trace_and_the_signal() {
+    assert_dies_of("segv", libc::SIGSEGV);
+}
+
+#[test]
+fn abort_keeps_the_trace_and_the_signal() {
+    assert_dies_of("abort", libc::SIGABRT);
+}
+
+#[test]
+fn bus_error_keeps_the_trace_and_the_signal() {
+    assert_dies_of("bus", libc::SIGBUS);
+}
+
+#[test]
+fn sigfpe_and_sigterm_keep_the_trace_and_the_signal() {
+    assert_dies_of("fpe", libc::SIGFPE);
+    assert_dies_of("term", libc::SIGTERM);
+}
+
+#[test]
+fn sigkill_loses_at_most_the_last_flush_interval() {
+    // 100 ms pass between the last allocation and the SIGKILL: more than the 10 ms bound.
+    assert_dies_of("kill", libc::SIGKILL);
+}
+
+#[test]
+fn an_uncaught_cpp_exception_aborts_with_the_trace_on_disk() {
+    let run = run_traced("prog_throw", &[], &[]);
+    assert_eq!(run.out.status.signal(), Some(libc::SIGABRT));
+    assert!(run.stderr.contains("model exploded"), "{}", run.stderr);
+    assert_eq!(alloc_sizes(&run.trace()), vec![10 * MIB]);
+}
+
+#[test]
+fn the_programs_own_signal_handler_still_runs() {
+    let run = run_traced("prog_lifecycle", &["handler"], &[]);
+    assert_eq!(run.out.status.code(), Some(42), "{:?} {}", run.out.status, run.stderr);
+    assert!(run.stdout.contains("own handler ran"));
+    assert_eq!(alloc_sizes(&run.trace()), vec![7 * MIB]);
+}
+
+#[test]
+fn frees_from_exit_handlers_after_ours_are_still_recorded() {
+    let run = run_traced("prog_lifecycle", &["atexit"], &[]);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    let t = run.trace();
+    let names: Vec<&str> = t.events.iter().map(|e| t.api_name(e)).collect();
+    assert_eq!(names, ["cuMemAlloc_v2", "cuMemFree_v2"]);
+    assert_eq!(summary_json(&run.traces[0])["traces"][0]["groups"][0]["live_bytes"], 0);
+}
+
+#[test]
+fn exit_from_another_thread_finishes_the_trace() {
+    let run = run_traced("prog_lifecycle", &["thread-exit"], &[]);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    let t = run.trace();
+    assert_eq!(alloc_sizes(&t), vec![5 * MIB]);
+    assert!(t.stats.unwrap().final_);
+}
+
+#[test]
+fn sixteen_threads_times_100000_pairs_lose_nothing() {
+    let run = run_traced("prog_threads", &["16", "100000"], &[("GPUMEMTRACE_FRAMES", "4")]);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    let t = run.trace();
+    assert_eq!(t.events.len(), 16 * 100_000 * 2 + 16);
+    let allocs = t.events.iter().filter(|e| t.api_name(e) == "cudaMalloc").count();
+    assert_eq!(allocs, 16 * 100_000 + 16);
+    let stats = t.stats.unwrap();
+    assert_eq!((stats.events, stats.dropped, stats.final_), (t.events.len() as u64, 0, true));
+    // Each thread leaked exactly one allocation.
+    let json = summary_json(&run.traces[0]);
+    let live: u64 = json["traces"][0]["groups"].as_array().unwrap().iter().map(|g| g["live_count"].as_u64().unwrap()).sum();
+    assert_eq!(live, 16);
+}
+
+#[test]
+fn a_slow_writer_applies_back_pressure_without_dropping() {
+    let run = run_traced(
+        "prog_threads",
+        &["8", "5000"],
+        &[("GPUMEMTRACE_FRAMES", "4"), ("GPUMEMTRACE_TEST_WRITER_DELAY_US", "2000")],
+    );
+    assert!(run.out.status.success(), "{}", run.stderr);
+    let t = run.trace();
+    assert_eq!(t.events.len(), 8 * 5000 * 2 + 8);
+    assert_eq!(t.stats.unwrap().dropped, 0);
+}
+
+/// A program's output with host pointers (which vary with address-space randomisation)
+/// blanked out; emulated device pointers are deterministic and stay.
+fn normalized(stdout: &str) -> String {
+    stdout
+        .lines()
+        .map(|l| {
+            if l.contains("kind=host") || l.contains("kind=managed") {
+                l.split_whitespace().map(|f| if f.starts_with("ptr=") { "ptr=HOST" } else { f }).collect::<Vec<_>>().join(" ")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The program's stdout when run without the tracer (normalized).
+fn untraced_stdout(prog: &str) -> String {
+    let out = Command::new(emu().join(prog)).env("EMUCUDA_DEVICES", "2").output().unwrap();
+    assert!(out.status.success());
+    normalized(&String::from_utf8(out.stdout).unwrap())
+}
+
+fn tracer_lines(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.contains("gpumemtrace")).collect()
+}
+
+#[test]
+fn a_panic_in_the_tracer_turns_tracing_off_with_one_line_and_the_program_goes_on() {
+    let run = run_traced("prog_runtime_dynamic", &[], &[("GPUMEMTRACE_TEST_PANIC_AT", "3")]);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    assert_eq!(normalized(&run.stdout), untraced_stdout("prog_runtime_dynamic"), "same results as without the tracer");
+    let lines = tracer_lines(&run.stderr);
+    assert_eq!(lines.len(), 1, "{}", run.stderr);
+    assert!(lines[0].contains("tracing is off") && lines[0].contains("deliberate panic"), "{}", lines[0]);
+    // What was recorded before the panic is kept.
+    assert_eq!(run.trace().events.len(), 2);
+}
+
+#[test]
+fn an_unwritable_output_directory_is_reported_once_and_changes_nothing_else() {
+    let dir = scratch("unwritable");
+    let out = Command::new(emu().join("prog_runtime_dynamic"))
+        .env("LD_PRELOAD", shim())
+        .env("EMUCUDA_DEVICES", "2")
+        .env("GPUMEMTRACE_OUTPUT", "/proc/gpumemtrace-nonexistent/")
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(normalized(&String::from_utf8(out.stdout).unwrap()), untraced_stdout("prog_runtime_dynamic"));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let lines = tracer_lines(&stderr);
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains("cannot create trace file"), "{stderr}");
+}
+
+#[test]
+fn a_full_disk_is_reported_once_and_never_kills_the_program() {
+    // A 64 KiB file-size limit: the trace outgrows it; the kernel's SIGXFSZ must not kill the host.
+    let dir = scratch("disk-full");
+    let prog = emu().join("prog_threads");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -f 128; exec {} 4 2000", prog.display()))
+        .env("LD_PRELOAD", shim())
+        .env("GPUMEMTRACE_OUTPUT", format!("{}/", dir.display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?} {stderr}", out.status);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("total_pairs=8000"));
+    let lines = tracer_lines(&stderr);
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains("cannot write") && lines[0].contains("File too large"), "{stderr}");
+    // What fitted is readable.
+    let trace = std::fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
+    assert!(std::fs::metadata(&trace).unwrap().len() <= 128 * 512);
+    let json = summary_json(&trace);
+    assert!(json["traces"][0]["events"].as_u64().unwrap() > 100);
+}
+
+#[test]
+fn trace_files_can_be_made_group_readable() {
+    use std::os::unix::fs::PermissionsExt;
+    let run = run_traced("prog_driver", &[], &[("GPUMEMTRACE_FILE_MODE", "640")]);
+    assert_eq!(std::fs::metadata(&run.traces[0]).unwrap().permissions().mode() & 0o777, 0o640);
+}
+
+#[test]
+fn ranks_of_a_launcher_name_their_traces() {
+    let run = run_traced("prog_driver", &[], &[("RANK", "3"), ("LOCAL_RANK", "1")]);
+    let name = run.traces[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert_eq!(name, format!("gpumemtrace-rank3-{}.trace", run.out_pid()));
+}
+
+/// Offsets just past each complete record of a trace file.
+fn record_ends(bytes: &[u8]) -> Vec<u64> {
+    let mut r = Reader::new(bytes).unwrap();
+    let mut ends = vec![r.offset()];
+    while r.next_record().unwrap().is_some() {
+        ends.push(r.offset());
+    }
+    ends
+}
+
+#[test]
+fn every_prefix_of_a_real_trace_reads_up_to_its_last_complete_record() {
+    let run = run_traced("prog_driver", &[], &[]);
+    let bytes = std::fs::read(&run.traces[0]).unwrap();
+    let ends = record_ends(&bytes);
+    for cut in gpumemtrace_format::HEADER_LEN..bytes.len() {
+        let mut r = Reader::new(&bytes[..cut]).unwrap();
+        let mut n = 0;
+        let outcome = loop {
+            match r.next_record() {
+                Ok(Some(_)) => n += 1,
+                Ok(None) => break None,
+                Err(e) => break Some(e),
+            }
+        };
+        let complete = ends.iter().filter(|&&e| e as usize <= cut).count() - 1;
+        assert_eq!(n, complete, "cut at {cut}");
+        match outcome {
+            None => assert!(ends.contains(&(cut as u64))),
+            Some(ReadError::Truncated { offset }) => assert_eq!(offset, ends[complete]),
+            Some(e) => panic!("cut at {cut}: {e}"),
+        }
+    }
+}
+
+fn cli_summary(path: &Path) -> std::process::Output {
+    Command::new(cli()).arg("summary").arg("--json").arg(path).output().unwrap()
+}
+
+#[test]
+fn the_cli_summarizes_cut_traces_and_says_where_they_stop() {
+    let run = run_traced("prog_driver", &[], &[]);
+    let bytes = std::fs::read(&run.traces[0]).unwrap();
+    let dir = scratch("cut");
+    for cut in (gpumemtrace_format::HEADER_LEN..bytes.len()).step_by(97) {
+        let p = dir.join(format!("cut-{cut}.trace"));
+        std::fs::write(&p, &bytes[..cut]).unwrap();
+        let out = cli_summary(&p);
+        assert!(out.status.success(), "cut {cut}: {}", String::from_utf8_lossy(&out.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let t = &json["traces"][0];
+        if t["status"] == "truncated" {
+            assert!(t["stopped_at"].as_u64().unwrap() <= cut as u64);
+            assert!(String::from_utf8_lossy(&out.stderr).contains("byte"), "a warning names the offset");
+        } else {
+            assert_eq!(t["status"], "complete", "cut {cut}");
+        }
+    }
+}
+
+#[test]
+fn corrupt_bytes_give_an_error_with_an_offset_never_a_panic() {
+    let run = run_traced("prog_driver", &[], &[]);
+    let bytes = std::fs::read(&run.traces[0]).unwrap();
+    let dir = scratch("corrupt");
+    for (i, pos) in (gpumemtrace_format::HEADER_LEN..bytes.len()).step_by(53).enumerate() {
+        let mut b = bytes.clone();
+        b[pos] ^= 0xff;
+        let p = dir.join(format!("corrupt-{i}.trace"));
+        std::fs::write(&p, &b).unwrap();
+        let out = cli_summary(&p);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "flip at {pos}: {stderr}");
+        assert_ne!(out.status.code(), Some(101), "flip at {pos}");
+        if let Ok(json) = serde_json::from_slice::<serde_json::Value>(&out.stdout) {
+            let t = &json["traces"][0];
+            if t["status"] == "corrupt" {
+                assert!(t["error"].as_str().unwrap().contains("byte"), "{t}");
+            }
+        }
+    }
+    // A file that is not a trace at all.
+    let p = dir.join("not-a-trace.trace");
+    std::fs::write(&p, b"hello world, this is not a trace").unwrap();
+    let out = cli_summary(&p);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a gpumemtrace trace"));
+}
+
+#[test]
+fn records_of_a_real_trace_include_everything_the_summary_needs() {
+    let run = run_traced("prog_driver", &[], &[]);
+    let bytes = std::fs::read(&run.traces[0]).unwrap();
+    let kinds: Vec<&str> = Reader::new(&bytes[..])
+        .unwrap()
+        .map(|r| match r.unwrap() {
+            Record::Process(_) => "process",
+            Record::Api(_) => "api",
+            Record::Module(_) => "module",
+            Record::Stack(_) => "stack",
+            Record::Event(_) => "event",
+            Record::Stats(_) => "stats",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(kinds[0], "process");
+    assert_eq!(*kinds.last().unwrap(), "stats");
+    let first_event = kinds.iter().position(|k| *k == "event").unwrap();
+    assert!(kinds[..first_event].contains(&"module") && kinds[..first_event].contains(&"stack"));
+}
+
+fn summary_json(path: &Path) -> serde_json::Value {
+    let out = cli_summary(path);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
