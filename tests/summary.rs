@@ -45,6 +45,30 @@ struct LiveAlloc {
     line: u32,
 }
 
+/// GPU memory live per source line on the device of the last failed allocation, as it failed.
+fn live_at_last_failure(log: &[Logged]) -> HashMap<u32, u64> {
+    let Some(last) = log.iter().rposition(|l| l.op == "alloc" && l.result != 0) else { return HashMap::new() };
+    let device = log[last].device.unwrap();
+    let mut live: HashMap<u64, (u32, u64)> = HashMap::new();
+    for l in &log[..last] {
+        let gpu = matches!(l.kind.as_str(), "device" | "managed" | "vmm_physical") && l.device == Some(device);
+        match l.op.as_str() {
+            "alloc" if l.result == 0 && gpu => {
+                live.insert(l.ptr, (l.line, l.size.unwrap()));
+            }
+            "free" if l.result == 0 => {
+                live.remove(&l.ptr);
+            }
+            _ => {}
+        }
+    }
+    let mut by_line = HashMap::new();
+    for (line, size) in live.into_values() {
+        *by_line.entry(line).or_default() += size;
+    }
+    by_line
+}
+
 fn replay(log: &[Logged]) -> (HashMap<(i32, &'static str), Expected>, Vec<&Logged>, Vec<&Logged>) {
     let mut groups: HashMap<(i32, &'static str), Expected> = HashMap::new();
     let mut live: HashMap<(&str, u64), LiveAlloc> = HashMap::new();
@@ -135,6 +159,16 @@ fn assert_summary_matches_log(prog: &str, source: &str) {
             l.line
         );
     }
+    // Post-mortem of the last failure: the live set on its device, by the line that allocated it.
+    let expected_live = live_at_last_failure(&run.logged);
+    let mut got_live: HashMap<u32, u64> = HashMap::new();
+    for g in t["last_failure_live"].as_array().unwrap() {
+        for site in g["sites"].as_array().unwrap() {
+            assert!(site["file"].as_str().is_some_and(|f| f.ends_with(source)), "{prog}: {site}");
+            *got_live.entry(site["line"].as_u64().unwrap() as u32).or_default() += site["bytes"].as_u64().unwrap();
+        }
+    }
+    assert_eq!(got_live, expected_live, "{prog}: live set at the last failure");
     let frees = t["unknown_frees"].as_array().unwrap();
     assert_eq!(frees.len(), bad_frees.len(), "{prog}: {frees:#?}");
     for l in &bad_frees {

@@ -87,6 +87,8 @@ pub struct Failure {
     pub stack: u32,
     /// GPU memory (see [`DeviceTotal`]) live on `device` when the call failed.
     pub live_bytes_on_device: u64,
+    /// Which event it was (1-based), for the post-mortem snapshot.
+    pub ordinal: u64,
 }
 
 /// A free of a pointer that was not live, or a free that failed (`result != 0`).
@@ -126,6 +128,9 @@ pub struct Trace {
     pub bad_frees: Vec<BadFree>,
     /// Bad frees beyond [`MAX_BAD_FREES`], counted but not listed.
     pub bad_frees_omitted: u64,
+    /// Post-mortem of the last failed allocation: what was live on its device at that moment,
+    /// per group (GPU-memory kinds only), by stack, largest first.
+    pub last_failure_live: Vec<(GroupKey, Vec<StackUse>)>,
 }
 
 impl Trace {
@@ -175,7 +180,16 @@ impl Trace {
                 snapshot_at.entry(n).or_default().push(*key);
             }
         }
-        if let Some(&last) = snapshot_at.keys().next_back() {
+        // And the live set on the device of the last failed allocation, as it failed.
+        let failure_at = replay.failures.last().map(|f| (f.ordinal, f.device));
+        let failure_keys: Vec<GroupKey> = match failure_at {
+            Some((_, device)) => {
+                replay.groups.keys().filter(|k| k.device == device && occupies_gpu(k.kind)).copied().collect()
+            }
+            None => Vec::new(),
+        };
+        let last_snapshot = snapshot_at.keys().next_back().copied().max(failure_at.map(|f| f.0));
+        if let Some(last) = last_snapshot {
             let mut apis = HashMap::new();
             let mut again = Replay::default();
             // Errors were reported by pass 1, and pass 2 stops before reaching them.
@@ -190,6 +204,13 @@ impl Trace {
                             again.apply(api, &e);
                             for key in snapshot_at.get(&again.ordinal).into_iter().flatten() {
                                 replay.group(*key).peak_stacks = again.by_stack(*key);
+                            }
+                            if failure_at.is_some_and(|(n, _)| n == again.ordinal) {
+                                trace.last_failure_live = failure_keys
+                                    .iter()
+                                    .map(|&k| (k, again.by_stack(k)))
+                                    .filter(|(_, v)| !v.is_empty())
+                                    .collect();
                             }
                             if again.ordinal >= last {
                                 return ControlFlow::Break(());
@@ -338,7 +359,9 @@ impl Replay {
                 };
                 self.group(key).failed += 1;
                 let live_bytes_on_device = self.devices.get(&e.device).map_or(0, |d| d.live_bytes);
+                let ordinal = self.ordinal;
                 self.failures.push(Failure {
+                    ordinal,
                     api: api.name.clone(),
                     device: e.device,
                     kind: api.kind,
@@ -686,10 +709,15 @@ pub(crate) mod tests {
                 time_ns: 6,
                 stack: 6,
                 live_bytes_on_device: 400,
+                ordinal: 6,
             }]
         );
         let g = &t.groups[&key(0, MemKind::Device)];
         assert_eq!((g.allocations, g.failed, g.live_bytes), (1, 1, 100));
+        // The post-mortem: device 0's GPU memory as the last allocation failed.
+        let live: Vec<(MemKind, u64)> =
+            t.last_failure_live.iter().map(|(k, v)| (k.kind, v.iter().map(|u| u.bytes).sum())).collect();
+        assert_eq!(live, [(MemKind::Device, 100), (MemKind::VmmPhysical, 300)]);
     }
 
     #[test]

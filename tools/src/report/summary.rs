@@ -58,6 +58,8 @@ pub struct TraceReport {
     pub groups: Vec<GroupReport>,
     pub devices: Vec<DeviceReport>,
     pub failures: Vec<FailureReport>,
+    /// Post-mortem of the last failed allocation: live memory on its device at that moment.
+    pub last_failure_live: Vec<LiveGroupReport>,
     pub unknown_frees: Vec<FreeReport>,
     /// A final Stats record was read: the tracer shut down cleanly.
     #[serde(skip)]
@@ -117,6 +119,17 @@ pub struct FailureReport {
     pub live_bytes_on_device: u64,
     #[serde(flatten)]
     pub located: Located,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LiveGroupReport {
+    pub device: i32,
+    pub kind: &'static str,
+    pub live_bytes: u64,
+    pub live_count: u64,
+    pub sites: Vec<Site>,
+    #[serde(skip)]
+    more_sites: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -275,6 +288,22 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
         })
         .collect();
     let more_failures = cut(&mut failures, top);
+    let last_failure_live = trace
+        .last_failure_live
+        .iter()
+        .filter(|(k, _)| wanted(k.device))
+        .map(|(key, uses)| {
+            let mut sites = sites(uses, trace, &mut sym);
+            LiveGroupReport {
+                device: key.device,
+                kind: key.kind.name(),
+                live_bytes: uses.iter().map(|u| u.bytes).sum(),
+                live_count: uses.iter().map(|u| u.count).sum(),
+                more_sites: cut(&mut sites, top),
+                sites,
+            }
+        })
+        .collect();
     let mut unknown_frees: Vec<FreeReport> = trace
         .bad_frees
         .iter()
@@ -317,6 +346,7 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
         groups,
         devices,
         failures,
+        last_failure_live,
         unknown_frees,
         finished: trace.stats.is_some_and(|s| s.final_),
         unknown_api_events: trace.unknown_api_events,
@@ -519,6 +549,21 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
         if r.more_failures > 0 {
             writeln!(out, "  ... and {} more", r.more_failures)?;
         }
+        if let Some(last) = r.failures.last() {
+            if !r.last_failure_live.is_empty() {
+                writeln!(
+                    out,
+                    "  when the last one failed ({} of {}), live on {}:",
+                    last.api,
+                    size(last.size),
+                    device_name(last.device)
+                )?;
+            }
+            for g in &r.last_failure_live {
+                writeln!(out, "    {} memory: {} in {}", g.kind, size(g.live_bytes), count(g.live_count, "allocation"))?;
+                render_sites(&g.sites, g.more_sites, opts, out)?;
+            }
+        }
     }
     if !r.unknown_frees.is_empty() {
         writeln!(out, "frees of unknown pointers, and failed frees:")?;
@@ -621,6 +666,9 @@ mod tests {
             "devices": [{"device": 0, "peak_bytes": 500, "peak_time_ns": 3_000, "live_bytes": 200}],
             "failures": [{"api": "cudaMalloc", "device": 0, "kind": "device", "size": 1u64 << 30, "result": 2,
                           "time_ns": 5_000, "live_bytes_on_device": 200, "site": frame(0x300), "frames": [frame(0x300)]}],
+            "last_failure_live": [{"device": 0, "kind": "device", "live_bytes": 200, "live_count": 2,
+                                   "sites": [{"bytes": 200, "count": 2, "function": null, "file": null, "line": null,
+                                              "module": null, "address": 0x100, "frames": [frame(0x100), frame(0x200)]}]}],
             "unknown_frees": [{"api": "cudaFree", "addr": 0xdead, "result": 0, "time_ns": 6_000,
                                "site": frame(0x100), "frames": [frame(0x100), frame(0x200)]}],
         });
@@ -758,6 +806,9 @@ device 0, device memory: 3 allocations, 500 B allocated, 1 free, 1 failed
        200 B     2x  0x100
 failed allocations:
   cudaMalloc 1.0 GiB on device 0 -> error 2 (out of memory) at 0.000 s, 200 B live on device 0  at  0x300
+  when the last one failed (cudaMalloc of 1.0 GiB), live on device 0:
+    device memory: 200 B in 2 allocations
+       200 B     2x  0x100
 frees of unknown pointers, and failed frees:
   cudaFree 0xdead -> not allocated in the trace at 0.000 s  at  0x100
 ";
