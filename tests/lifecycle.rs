@@ -391,3 +391,46 @@ fn summary_json(path: &Path) -> serde_json::Value {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
+
+#[test]
+fn launcher_ranks_get_one_trace_each_and_a_merged_summary() {
+    let dir = scratch("launcher");
+    let launcher = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/emucuda/launcher.sh");
+    let out = Command::new(cli())
+        .args(["run", "--output"])
+        .arg(&dir)
+        .arg("--")
+        .arg(&launcher)
+        .arg("3")
+        .arg(emu().join("prog_driver"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let mut names: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names.len(), 3, "{names:?}");
+    for (rank, name) in names.iter().enumerate() {
+        assert!(name.starts_with(&format!("gpumemtrace-rank{rank}-")), "{names:?}");
+    }
+    assert!(stderr.contains("all 3 processes together:"), "{stderr}");
+
+    let json = summary_json(&dir);
+    let traces = json["traces"].as_array().unwrap();
+    assert_eq!(traces.len(), 3);
+    let merged = &json["merged"];
+    let ranks: Vec<u64> = merged["processes"].as_array().unwrap().iter().map(|p| p["rank"].as_u64().unwrap()).collect();
+    assert_eq!(ranks, [0, 1, 2]);
+    // Each rank alone peaks at the same GPU memory; together they peak between one and three times that.
+    let single = merged["processes"][0]["peaks"]["0"].as_u64().unwrap();
+    assert!(single > 0);
+    let device0 = &merged["devices"][0];
+    let combined = device0["peak_bytes"].as_u64().unwrap();
+    assert!(combined >= single && combined <= 3 * single, "{merged}");
+    let shares: u64 = device0["peak_by_pid"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(shares, combined);
+    // Leaks of all ranks add up.
+    let leaked: u64 = traces.iter().map(|t| t["devices"][0]["live_bytes"].as_u64().unwrap()).sum();
+    assert_eq!(device0["live_bytes_at_end"].as_u64().unwrap(), leaked);
+}

@@ -272,7 +272,7 @@ fn outcome_of(e: ReadError) -> Result<Outcome, String> {
 
 /// Pointer namespaces: device, managed and pinned host pointers share the process's virtual
 /// address space; VMM handles, reservations and mappings are each their own.
-fn namespace(kind: MemKind) -> u8 {
+pub(crate) fn namespace(kind: MemKind) -> u8 {
     match kind {
         MemKind::Device | MemKind::Managed | MemKind::HostPinned => 0,
         MemKind::VmmPhysical => 1,
@@ -283,7 +283,7 @@ fn namespace(kind: MemKind) -> u8 {
 
 /// Kinds that occupy GPU memory. Reservations use none, mappings only point at physical
 /// memory (counting them would count it twice), pinned memory lives on the host.
-fn occupies_gpu(kind: MemKind) -> bool {
+pub(crate) fn occupies_gpu(kind: MemKind) -> bool {
     matches!(
         kind,
         MemKind::Device | MemKind::Managed | MemKind::VmmPhysical

@@ -1,6 +1,7 @@
 //! Reports over the [`Trace`] model, and the call-site aggregation they share.
 
 pub mod dump;
+pub mod merged;
 pub mod summary;
 
 use std::collections::HashMap;

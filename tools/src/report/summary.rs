@@ -41,6 +41,9 @@ const DEFAULT_TOP: usize = 10;
 #[derive(Serialize)]
 struct Json<'a> {
     traces: &'a [TraceReport],
+    /// With several traces: the processes together (see `merged`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    merged: Option<super::merged::Merged>,
 }
 
 #[derive(Debug, Serialize)]
@@ -194,8 +197,9 @@ pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result
             }
         }
     }
+    let merged = (paths.len() > 1).then(|| super::merged::merge(paths));
     if opts.json {
-        serde_json::to_writer_pretty(&mut *out, &Json { traces: &reports })?;
+        serde_json::to_writer_pretty(&mut *out, &Json { traces: &reports, merged })?;
         writeln!(out)?;
     } else {
         for (i, r) in reports.iter().enumerate() {
@@ -203,6 +207,10 @@ pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result
                 writeln!(out)?;
             }
             render(r, opts, out)?;
+        }
+        if let Some(m) = &merged {
+            writeln!(out)?;
+            super::merged::render(m, out)?;
         }
     }
     Ok(all_read)

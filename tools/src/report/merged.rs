@@ -1,0 +1,221 @@
+//! The processes of one run together (torchrun ranks, a launcher and its workers): which
+//! process held what on each device, and each device's combined peak over time.
+//!
+//! The traces are replayed side by side in wall-clock order (each trace's start time plus its
+//! event times), so the combined peak is a real moment, not a sum of unrelated peaks. A
+//! process's memory counts until its trace's last event (traces carry no exit time).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{self, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use gpumemtrace_format::{Api, Event, Op, Reader, Record};
+use serde::Serialize;
+
+use crate::model::{namespace, occupies_gpu};
+use crate::units::{seconds, size};
+
+#[derive(Debug, Serialize)]
+pub struct Merged {
+    pub processes: Vec<ProcessPeak>,
+    /// Combined GPU memory (device, managed, VMM physical) per device over all processes.
+    pub devices: Vec<CombinedDevice>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProcessPeak {
+    pub path: String,
+    pub pid: u32,
+    pub rank: Option<u32>,
+    pub local_rank: Option<u32>,
+    /// Peak GPU memory per device in this process alone.
+    pub peaks: BTreeMap<i32, u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CombinedDevice {
+    pub device: i32,
+    pub peak_bytes: u64,
+    /// Nanoseconds after the earliest trace started.
+    pub peak_time_ns: u64,
+    /// Each process's share at that moment, by pid.
+    pub peak_by_pid: BTreeMap<u32, u64>,
+    /// What the processes still held when their traces ended (their leaks, added up).
+    pub live_bytes_at_end: u64,
+}
+
+/// One trace being read, with its next event.
+struct Source {
+    pid: u32,
+    start_realtime_ns: u64,
+    reader: Reader<BufReader<File>>,
+    apis: HashMap<u32, Api>,
+    next: Option<Event>,
+    live: HashMap<(u8, u64), (i32, u64)>,
+    peaks: BTreeMap<i32, u64>,
+    device_live: BTreeMap<i32, u64>,
+    rank: Option<u32>,
+    local_rank: Option<u32>,
+}
+
+impl Source {
+    fn open(path: &Path) -> Result<Source, String> {
+        let f = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let reader = Reader::new(BufReader::new(f)).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut s = Source {
+            pid: 0,
+            start_realtime_ns: 0,
+            reader,
+            apis: HashMap::new(),
+            next: None,
+            live: HashMap::new(),
+            peaks: BTreeMap::new(),
+            device_live: BTreeMap::new(),
+            rank: None,
+            local_rank: None,
+        };
+        s.advance();
+        Ok(s)
+    }
+
+    /// Reads up to the next event (a read error ends the trace: what came before counts).
+    fn advance(&mut self) {
+        self.next = None;
+        while let Ok(Some(rec)) = self.reader.next_record() {
+            match rec {
+                Record::Process(p) => {
+                    self.pid = p.pid;
+                    self.start_realtime_ns = p.start_realtime_ns;
+                    self.rank = p.rank;
+                    self.local_rank = p.local_rank;
+                }
+                Record::Api(a) => {
+                    self.apis.insert(a.id, a);
+                }
+                Record::Event(e) => {
+                    self.next = Some(e);
+                    return;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn next_time(&self) -> Option<u64> {
+        self.next.map(|e| self.start_realtime_ns + e.time_ns)
+    }
+
+    /// Applies the pending event; returns the device whose GPU memory changed.
+    fn apply(&mut self) -> Option<i32> {
+        let e = self.next?;
+        let api = self.apis.get(&e.api)?;
+        if e.result != 0 {
+            return None;
+        }
+        let ns = namespace(api.kind);
+        let changed = match api.op {
+            Op::Alloc if occupies_gpu(api.kind) => {
+                self.live.insert((ns, e.addr), (e.device, e.size));
+                *self.device_live.entry(e.device).or_default() += e.size;
+                Some(e.device)
+            }
+            Op::Alloc => None,
+            Op::Free => {
+                let (device, size) = self.live.remove(&(ns, e.addr))?;
+                *self.device_live.entry(device).or_default() -= size;
+                Some(device)
+            }
+        };
+        if let Some(d) = changed {
+            let live = self.device_live[&d];
+            let peak = self.peaks.entry(d).or_default();
+            *peak = (*peak).max(live);
+        }
+        changed
+    }
+}
+
+/// Replays `paths` together. Unreadable files are skipped (the per-trace summaries report them).
+pub fn merge(paths: &[PathBuf]) -> Merged {
+    let mut sources: Vec<(PathBuf, Source)> =
+        paths.iter().filter_map(|p| Source::open(p).ok().map(|s| (p.clone(), s))).collect();
+    let origin = sources.iter().map(|(_, s)| s.start_realtime_ns).min().unwrap_or(0);
+    let mut combined: BTreeMap<i32, CombinedDevice> = BTreeMap::new();
+    loop {
+        // The source whose next event happened first (few processes: a linear scan is enough).
+        let Some(i) = (0..sources.len()).filter(|&i| sources[i].1.next.is_some()).min_by_key(|&i| sources[i].1.next_time())
+        else {
+            break;
+        };
+        let t = sources[i].1.next_time().unwrap_or(0);
+        if let Some(device) = sources[i].1.apply() {
+            let total: u64 = sources.iter().map(|(_, s)| s.device_live.get(&device).copied().unwrap_or(0)).sum();
+            let c = combined.entry(device).or_insert(CombinedDevice {
+                device,
+                peak_bytes: 0,
+                peak_time_ns: 0,
+                peak_by_pid: BTreeMap::new(),
+                live_bytes_at_end: 0,
+            });
+            if total > c.peak_bytes {
+                c.peak_bytes = total;
+                c.peak_time_ns = t.saturating_sub(origin);
+                c.peak_by_pid = sources
+                    .iter()
+                    .filter_map(|(_, s)| s.device_live.get(&device).filter(|&&b| b > 0).map(|&b| (s.pid, b)))
+                    .collect();
+            }
+        }
+        sources[i].1.advance();
+        if sources[i].1.next.is_none() {
+            // The trace ended: the process's memory goes back to the driver when it exits. With
+            // no exit time in the trace, its last event is the best moment there is.
+            for (device, bytes) in std::mem::take(&mut sources[i].1.device_live) {
+                if let Some(c) = combined.get_mut(&device) {
+                    c.live_bytes_at_end += bytes;
+                }
+            }
+        }
+    }
+    Merged {
+        processes: sources
+            .into_iter()
+            .map(|(path, s)| ProcessPeak {
+                path: path.display().to_string(),
+                pid: s.pid,
+                rank: s.rank,
+                local_rank: s.local_rank,
+                peaks: s.peaks,
+            })
+            .collect(),
+        devices: combined.into_values().collect(),
+    }
+}
+
+pub fn render(m: &Merged, out: &mut dyn Write) -> io::Result<()> {
+    writeln!(out, "all {} processes together:", m.processes.len())?;
+    for p in &m.processes {
+        let rank = match (p.rank, p.local_rank) {
+            (Some(r), Some(l)) => format!("rank {r} (local {l})"),
+            (Some(r), None) => format!("rank {r}"),
+            _ => "no rank".to_string(),
+        };
+        let peaks: Vec<String> = p.peaks.iter().map(|(d, b)| format!("device {d} peak {}", size(*b))).collect();
+        let peaks = if peaks.is_empty() { "no GPU memory".to_string() } else { peaks.join(", ") };
+        writeln!(out, "  pid {:<8} {rank:<18} {peaks}", p.pid)?;
+    }
+    for d in &m.devices {
+        let shares: Vec<String> = d.peak_by_pid.iter().map(|(pid, b)| format!("pid {pid} {}", size(*b))).collect();
+        writeln!(
+            out,
+            "  device {}: combined peak {} at {} ({}), {} live at the end",
+            d.device,
+            size(d.peak_bytes),
+            seconds(d.peak_time_ns),
+            shares.join(" + "),
+            size(d.live_bytes_at_end)
+        )?;
+    }
+    Ok(())
+}
