@@ -204,6 +204,13 @@ fn entry_point_summary_matches_the_program() {
 }
 
 #[test]
+fn two_devices_are_kept_apart() {
+    // cudaSetDevice switches, a free of device 1's memory while device 0 is current, one thread
+    // per device, peer access, and VMM memory created on device 1 while device 0 is current.
+    assert_summary_matches_log("prog_multi_device", "prog_multi_device.c");
+}
+
+#[test]
 fn the_summary_reads_well_in_a_terminal() {
     let run = run_traced("prog_runtime_dynamic", &[], &[]);
     let out = Command::new(cli()).arg("summary").arg(&run.traces[0]).output().unwrap();

@@ -226,6 +226,32 @@ CUDART_API cudaError_t cudaSetDevice(int device)
     return cudaSuccess;
 }
 
+/* Peer access: every pair of distinct emulated devices can reach each other; enabling it twice
+ * is an error, as on real devices.  Allocation is unaffected: memory stays on its own device. */
+static int g_peer_enabled[8][8];
+
+CUDART_API cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer)
+{
+    pthread_once(&init_once, do_init);
+    if (!can || device < 0 || device >= g_ndev || peer < 0 || peer >= g_ndev)
+        return ret(cudaErrorInvalidDevice);
+    *can = device != peer;
+    return cudaSuccess;
+}
+
+CUDART_API cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags)
+{
+    ENSURE();
+    if (flags != 0)
+        return ret(cudaErrorInvalidValue);
+    if (peer < 0 || peer >= g_ndev || peer == t_dev)
+        return ret(cudaErrorInvalidDevice);
+    if (g_peer_enabled[t_dev][peer])
+        return ret((cudaError_t)704); /* cudaErrorPeerAccessAlreadyEnabled */
+    g_peer_enabled[t_dev][peer] = 1;
+    return cudaSuccess;
+}
+
 CUDART_API cudaError_t cudaGetDevice(int *device)
 {
     if (!device)

@@ -319,8 +319,17 @@ impl Replay {
         let ns = namespace(api.kind);
         match (api.op, e.result == 0) {
             (Op::Alloc, true) => {
+                // A mapping belongs to the device of the physical memory it maps, whatever
+                // device was current when cuMemMap was called.
+                let device = match api.kind {
+                    MemKind::VmmMapped => self
+                        .live
+                        .get(&(namespace(MemKind::VmmPhysical), e.extra))
+                        .map_or(e.device, |l| l.key.device),
+                    _ => e.device,
+                };
                 let key = GroupKey {
-                    device: e.device,
+                    device,
                     kind: api.kind,
                 };
                 let entry = Live {

@@ -116,6 +116,8 @@ extern const char *CUDARTAPI cudaGetErrorString(cudaError_t error);
 extern const char *CUDARTAPI cudaGetErrorName(cudaError_t error);
 extern cudaError_t CUDARTAPI cudaGetDeviceCount(int *count);
 extern cudaError_t CUDARTAPI cudaSetDevice(int device);
+extern cudaError_t CUDARTAPI cudaDeviceCanAccessPeer(int *canAccessPeer, int device, int peerDevice);
+extern cudaError_t CUDARTAPI cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags);
 extern cudaError_t CUDARTAPI cudaGetDevice(int *device);
 extern cudaError_t CUDARTAPI cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int device);
 extern cudaError_t CUDARTAPI cudaDriverGetVersion(int *driverVersion);
