@@ -434,3 +434,17 @@ fn launcher_ranks_get_one_trace_each_and_a_merged_summary() {
     let leaked: u64 = traces.iter().map(|t| t["devices"][0]["live_bytes"].as_u64().unwrap()).sum();
     assert_eq!(device0["live_bytes_at_end"].as_u64().unwrap(), leaked);
 }
+
+#[test]
+fn an_allocation_inside_dlopen_starts_the_tracer_without_deadlock() {
+    // libctor_alloc.so's constructor calls cudaMalloc while dlopen() holds the loader lock; the
+    // tracer starts right there (thread, file, module scan).
+    let run = run_traced("prog_dlopen_ctor", &[], &[]);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    let t = run.trace();
+    assert_eq!(alloc_sizes(&t), vec![11 * MIB, 12 * MIB]);
+    let json = summary_json(&run.traces[0]);
+    let sites = json["traces"][0]["groups"][0]["leak_sites"].as_array().unwrap().clone();
+    let names: Vec<&str> = sites.iter().map(|s| s["function"].as_str().unwrap()).collect();
+    assert_eq!(names, ["main", "allocate_at_load"], "the library loaded late is symbolized too");
+}
