@@ -11,6 +11,8 @@ pub struct Config {
     pub max_frames: usize,
     /// `GPUMEMTRACE_DISABLE=1`: record nothing, create nothing.
     pub disabled: bool,
+    /// `GPUMEMTRACE_PYTHON=0`: no Python stacks (native stacks only).
+    pub python: bool,
 }
 
 impl Config {
@@ -40,8 +42,16 @@ impl Config {
                 false
             }
         };
+        let python = match get("GPUMEMTRACE_PYTHON").as_deref().map(str::trim) {
+            None | Some("") | Some("1") => true,
+            Some("0") => false,
+            Some(v) => {
+                warn(&format!("GPUMEMTRACE_PYTHON={v:?} should be 0 or 1; Python stacks stay on"));
+                true
+            }
+        };
         let output = get("GPUMEMTRACE_OUTPUT").filter(|s| !s.is_empty());
-        Config { output, max_frames, disabled }
+        Config { output, max_frames, disabled, python }
     }
 }
 

@@ -4,7 +4,8 @@
 //!    `cudaMalloc`) or a call from the tracer itself just runs the real function;
 //! 2. run the real function; its result and out-parameters reach the caller untouched;
 //! 3. describe the call (`Fields`, from the table line); failed calls are events too;
-//! 4. stamp it (time, thread, device), capture the native stack (raw return addresses);
+//! 4. stamp it (time, thread, device), capture the Python stack (`python`: code objects and
+//!    instruction offsets) and the native stack (raw return addresses);
 //! 5. hand it to the writer thread through the channel (`tracer::submit`).
 //!
 //! Anything that goes wrong in 3-5 is caught here: tracing switches itself off with one line on
@@ -47,6 +48,10 @@ fn record(id: Id, result: Status, f: Fields) {
         Some(d) => d,
         None => resolve::current_device(),
     };
+    // Python frames first: cheap, and they name the code objects the writer must describe.
+    let py = crate::python::capture(time).map(Box::new);
+    let known: Vec<(u64, u64)> =
+        py.as_ref().map(|p| p.new_codes.iter().map(|c| (c.code, c.sig)).collect()).unwrap_or_default();
     let event = tracer::RawEvent {
         api: id as u32,
         time_ns: time,
@@ -58,8 +63,12 @@ fn record(id: Id, result: Status, f: Fields) {
         stream: f.stream,
         extra: f.extra,
         frames: unwind::capture(tracer::max_frames()),
+        py,
     };
     tracer::submit(event);
+    if !known.is_empty() {
+        crate::python::remember(&known);
+    }
 }
 
 /// What a call did, as the table line describes it.
