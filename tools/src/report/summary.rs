@@ -359,7 +359,10 @@ fn render_sites(
     out: &mut dyn Write,
 ) -> io::Result<()> {
     for s in sites {
-        let lines = site_lines(&s.site, &s.frames, s.site_index, opts.frames);
+        let mut lines = site_lines(&s.site, &s.frames, s.site_index, opts.frames);
+        if let Some(t) = &s.thread {
+            lines[0].push_str(&format!("  [thread {t}, no Python stack]"));
+        }
         writeln!(out, "  {:>10} {:>5}x  {}", size(s.bytes), s.count, lines[0])?;
         for l in &lines[1..] {
             writeln!(out, "  {:>10} {:>5}   {l}", "", "")?;
