@@ -64,6 +64,7 @@ fn record(id: Id, result: Status, f: Fields) {
         extra: f.extra,
         frames: unwind::capture(tracer::max_frames()),
         py,
+        thread_name: first_event_name(),
     };
     tracer::submit(event);
     if !known.is_empty() {
@@ -151,6 +152,22 @@ pub unsafe fn out<T: Addr>(r: Status, p: *mut T) -> u64 {
 
 thread_local! {
     static TID: Cell<u32> = const { Cell::new(0) };
+    static NAMED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The thread's name (`prctl(PR_GET_NAME)`), on its first event only: read here because the
+/// thread may be gone by the time the writer gets to it.
+fn first_event_name() -> Option<String> {
+    if NAMED.try_with(|n| n.replace(true)).unwrap_or(true) {
+        return None;
+    }
+    let mut buf = [0u8; 17];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL-terminated, into the buffer.
+    if unsafe { libc::prctl(libc::PR_GET_NAME, buf.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(16);
+    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
 /// The kernel thread id, cached per thread (reset in a forked child).
@@ -174,5 +191,6 @@ pub fn thread_id() -> u32 {
 /// After fork the child's only thread has a new id.
 pub fn forget_thread_id() {
     let _ = TID.try_with(|t| t.set(0));
+    let _ = NAMED.try_with(|n| n.set(false));
 }
 

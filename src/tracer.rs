@@ -56,6 +56,8 @@ pub struct RawEvent {
     pub frames: Vec<u64>,
     /// The calling thread's Python stack; `None` when no supported interpreter runs.
     pub py: Option<Box<crate::python::PyCapture>>,
+    /// The thread's name, on its first event.
+    pub thread_name: Option<String>,
 }
 
 struct Tracer {

@@ -103,7 +103,7 @@ impl Writer {
             self.notice(&n);
         }
         if self.threads.insert(ev.tid) {
-            self.thread(ev.tid, ev.py.as_ref().is_some_and(|p| p.has_tstate));
+            self.thread(ev.tid, ev.thread_name, ev.py.as_ref().is_some_and(|p| p.has_tstate));
         }
         let pystack = match ev.py {
             Some(py) => self.intern_py(*py),
@@ -152,11 +152,14 @@ impl Writer {
         id
     }
 
-    /// A Thread record: the kernel's name for the thread (it may have exited: then empty).
-    fn thread(&mut self, tid: u32, python: bool) {
-        let name = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
-            .map(|s| s.trim_end().to_owned())
-            .unwrap_or_default();
+    /// A Thread record: the thread's name as the hook read it, else as /proc tells (a thread
+    /// that has exited since: empty).
+    fn thread(&mut self, tid: u32, name: Option<String>, python: bool) {
+        let name = name.unwrap_or_else(|| {
+            std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+                .map(|s| s.trim_end().to_owned())
+                .unwrap_or_default()
+        });
         self.put(&Record::Thread(fmt::Thread { tid, name, python }));
     }
 

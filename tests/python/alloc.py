@@ -2,7 +2,7 @@
 (which releases the GIL around each call, as PyTorch's bindings do) from nested functions,
 threads, a generator, a class method and through a stdlib module (sched). Every allocation is
 leaked on purpose and logged on stdout with the line and function that made it:
-    op=alloc size=N line=L func=QUALNAME thread=NAME
+    py_alloc size=N line=L func=QUALNAME thread=NAME
 Usage: python3 alloc.py /path/to/libcuda.so.1 [--no-calls]
 """
 import ctypes
@@ -19,7 +19,7 @@ def log(size, r):
     f = sys._getframe(1)
     assert r == 0, r
     with lock:
-        print(f"op=alloc size={size} line={f.f_lineno} func={f.f_code.co_qualname if hasattr(f.f_code, 'co_qualname') else f.f_code.co_name} "
+        print(f"py_alloc size={size} line={f.f_lineno} func={f.f_code.co_qualname if hasattr(f.f_code, 'co_qualname') else f.f_code.co_name} "
               f"thread={threading.current_thread().name}", flush=True)
 
 
