@@ -415,7 +415,7 @@ pub fn capture(now_ns: u64) -> Option<PyCapture> {
     }
     // SAFETY: PyGILState_GetThisThreadState reads thread-specific storage; no GIL needed.
     let tstate = unsafe { (interp.get_tstate)() } as u64;
-    let mut out = PyCapture { has_tstate: tstate != 0, ..PyCapture::default() };
+    let mut out = PyCapture { has_tstate: tstate != 0, frames: Vec::with_capacity(32), new_codes: Vec::new() };
     if plausible(tstate, 8) {
         // SAFETY: `tstate` is this thread's live PyThreadState; the frames it leads to belong to
         // this thread, which is inside our hook, so none of them is popped or freed meanwhile.

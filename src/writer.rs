@@ -28,6 +28,9 @@ pub struct Writer {
     /// Python code objects written, by (address, signature): see `python.rs`.
     py_codes: HashMap<(u64, u64), u32>,
     py_stacks: HashMap<Vec<fmt::PyFrame>, u32>,
+    /// Python stacks as the hook captured them, by a fast hash: most events repeat a stack,
+    /// and this finds its id without re-mapping and re-hashing every frame.
+    py_raw: HashMap<u64, Vec<(Vec<crate::python::RawPyFrame>, u32)>>,
     /// Threads a Thread record was written for.
     threads: HashSet<u32>,
     /// Objects written to the trace, by (path, bias).
@@ -57,6 +60,7 @@ impl Writer {
             stacks: HashMap::new(),
             py_codes: HashMap::new(),
             py_stacks: HashMap::new(),
+            py_raw: HashMap::new(),
             threads: HashSet::new(),
             modules: Vec::new(),
             unmapped: HashSet::new(),
@@ -184,8 +188,21 @@ impl Writer {
         if py.frames.is_empty() {
             return 0;
         }
-        let mut frames = Vec::with_capacity(py.frames.len());
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
         for f in &py.frames {
+            h = (h ^ f.code ^ f.sig.rotate_left(17) ^ ((f.instr as u64) << 8 | f.flags as u64)).wrapping_mul(0x0100_0000_01b3);
+        }
+        if let Some(id) = self.py_raw.get(&h).and_then(|v| v.iter().find(|(raw, _)| *raw == py.frames)).map(|(_, id)| *id) {
+            return id;
+        }
+        let id = self.py_stack_id(&py.frames);
+        self.py_raw.entry(h).or_default().push((py.frames, id));
+        id
+    }
+
+    fn py_stack_id(&mut self, raw: &[crate::python::RawPyFrame]) -> u32 {
+        let mut frames = Vec::with_capacity(raw.len());
+        for f in raw {
             let code = match self.py_codes.get(&(f.code, f.sig)) {
                 Some(&id) => id,
                 None => {
