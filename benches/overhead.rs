@@ -62,6 +62,8 @@ fn main() {
         results.swap_remove(reps / 2)
     };
 
+    let only_python = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "python");
+    if !only_python {
     println!("## Per call: cuMemAlloc_v2 latency, 1 thread, 200000 alloc/free pairs (median of {reps} runs)\n");
     println!("| stack depth of the caller | frames recorded | p50 ns | p99 ns | added p50 ns | wall ratio |");
     println!("|---|---|---|---|---|---|");
@@ -93,4 +95,55 @@ fn main() {
         events / (t["wall_ns"] as f64 / 1e9),
         t["trace_bytes"] as f64 / events
     );
+    }
+
+    // Python: the cost of capturing Python frames, from a ctypes loop (GIL released).
+    let python = std::env::var("BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = root.join("benches/py_alloc.py");
+    let libcuda = emu.join("libcuda.so.1");
+    let pairs = 100_000u64;
+    // ns per alloc+free pair, median of `reps` runs; `env` None = untraced.
+    let py_run = |depth: u32, env: Option<&[(&str, &str)]>| -> f64 {
+        let mut walls: Vec<u64> = (0..reps)
+            .map(|_| {
+                let mut cmd = Command::new(&python);
+                cmd.arg(&script).arg(&libcuda).arg(pairs.to_string()).arg(depth.to_string());
+                if let Some(env) = env {
+                    cmd.env("LD_PRELOAD", &shim).env("GPUMEMTRACE_OUTPUT", format!("{}/", scratch.display()));
+                    for (k, v) in env {
+                        cmd.env(k, v);
+                    }
+                }
+                let out = cmd.output().unwrap();
+                assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+                for e in std::fs::read_dir(&scratch).unwrap() {
+                    std::fs::remove_file(e.unwrap().path()).unwrap();
+                }
+                let line = String::from_utf8_lossy(&out.stdout).into_owned();
+                line.split_whitespace().find_map(|kv| kv.strip_prefix("wall_ns=")).unwrap().parse().unwrap()
+            })
+            .collect();
+        walls.sort();
+        walls[reps / 2] as f64 / pairs as f64
+    };
+    let version = Command::new(&python).arg("--version").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    println!(
+        "\n## Python capture: ctypes cuMemAlloc_v2 + cuMemFree_v2 pairs, {} ({pairs} pairs, median of {reps} runs)\n",
+        version.unwrap_or_default()
+    );
+    println!("| Python depth | native frames | untraced ns/pair | Python off ns/pair | Python on ns/pair | added by Python capture ns/event | on/off ratio | on/untraced ratio |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for depth in [0u32, 10, 50, 200] {
+        for frames in ["0", "64"] {
+            let base = py_run(depth, None);
+            let off = py_run(depth, Some(&[("GPUMEMTRACE_FRAMES", frames), ("GPUMEMTRACE_PYTHON", "0")]));
+            let on = py_run(depth, Some(&[("GPUMEMTRACE_FRAMES", frames), ("GPUMEMTRACE_PYTHON", "1")]));
+            println!(
+                "| {depth} | {frames} | {base:.0} | {off:.0} | {on:.0} | {:.0} | {:.2} | {:.2} |",
+                (on - off) / 2.0,
+                on / off,
+                on / base
+            );
+        }
+    }
 }

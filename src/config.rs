@@ -21,6 +21,8 @@ pub struct Config {
     /// (`GPUMEMTRACE_TEST_PANIC_AT`).
     pub test_writer_delay_us: u64,
     pub test_panic_at: u64,
+    /// `GPUMEMTRACE_PYTHON=0`: no Python stacks (native stacks only).
+    pub python: bool,
 }
 
 impl Config {
@@ -61,6 +63,14 @@ impl Config {
                 false
             }
         };
+        let python = match get("GPUMEMTRACE_PYTHON").as_deref().map(str::trim) {
+            None | Some("") | Some("1") => true,
+            Some("0") => false,
+            Some(v) => {
+                warn(&format!("GPUMEMTRACE_PYTHON={v:?} should be 0 or 1; Python stacks stay on"));
+                true
+            }
+        };
         let output = get("GPUMEMTRACE_OUTPUT").filter(|s| !s.is_empty());
         Config {
             output,
@@ -71,6 +81,7 @@ impl Config {
             local_rank: rank("LOCAL_RANK"),
             test_writer_delay_us: number("GPUMEMTRACE_TEST_WRITER_DELAY_US", 10, 1_000_000, 0),
             test_panic_at: number("GPUMEMTRACE_TEST_PANIC_AT", 10, u64::MAX, 0),
+            python,
         }
     }
 }

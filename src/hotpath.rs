@@ -4,7 +4,8 @@
 //!    `cudaMalloc`) or a call from the tracer itself just runs the real function;
 //! 2. run the real function; its result and out-parameters reach the caller untouched;
 //! 3. describe the call (`Fields`, from the table line); failed calls are events too;
-//! 4. stamp it (time, thread, device), capture the native stack (raw return addresses);
+//! 4. stamp it (time, thread, device), capture the Python stack (`python`: code objects and
+//!    instruction offsets) and the native stack (raw return addresses);
 //! 5. hand it to the writer thread through the channel (`tracer::submit`).
 //!
 //! Anything that goes wrong in 3-5 is caught here: tracing switches itself off with one line on
@@ -52,6 +53,10 @@ fn record(id: Id, result: Status, f: Fields) {
         Some(d) => d,
         None => resolve::current_device(),
     };
+    // Python frames first: cheap, and they name the code objects the writer must describe.
+    let py = crate::python::capture(time).map(Box::new);
+    let known: Vec<(u64, u64)> =
+        py.as_ref().map(|p| p.new_codes.iter().map(|c| (c.code, c.sig)).collect()).unwrap_or_default();
     let event = tracer::RawEvent {
         api: id as u32,
         time_ns: time,
@@ -63,8 +68,13 @@ fn record(id: Id, result: Status, f: Fields) {
         stream: f.stream,
         extra: f.extra,
         frames: unwind::capture(tracer::max_frames()),
+        py,
+        thread_name: first_event_name(),
     };
     tracer::submit(event);
+    if !known.is_empty() {
+        crate::python::remember(&known);
+    }
 }
 
 /// What a call did, as the table line describes it.
@@ -147,6 +157,22 @@ pub unsafe fn out<T: Addr>(r: Status, p: *mut T) -> u64 {
 
 thread_local! {
     static TID: Cell<u32> = const { Cell::new(0) };
+    static NAMED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The thread's name (`prctl(PR_GET_NAME)`), on its first event only: read here because the
+/// thread may be gone by the time the writer gets to it.
+fn first_event_name() -> Option<String> {
+    if NAMED.try_with(|n| n.replace(true)).unwrap_or(true) {
+        return None;
+    }
+    let mut buf = [0u8; 17];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL-terminated, into the buffer.
+    if unsafe { libc::prctl(libc::PR_GET_NAME, buf.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(16);
+    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
 /// The kernel thread id, cached per thread (reset in a forked child).
@@ -170,5 +196,6 @@ pub fn thread_id() -> u32 {
 /// After fork the child's only thread has a new id.
 pub fn forget_thread_id() {
     let _ = TID.try_with(|t| t.set(0));
+    let _ = NAMED.try_with(|n| n.set(false));
 }
 

@@ -9,6 +9,7 @@
 //!   hand hooks back instead of the real functions (static cudart, JAX and PyTorch reach the
 //!   driver this way, never through the PLT).
 //! - [`tracer`]: lazy start on the first allocation call, the writer thread, exit and fork.
+//! - [`python`]: the calling thread's CPython frames, read from interpreter memory without the GIL.
 //! - [`writer`]: interns stacks, keeps the module map, encodes records (format crate), writes.
 //! - [`resolve`], [`modules`], [`unwind`], [`output`], [`config`]: small helpers named for what
 //!   they hold. `unsafe` lives in the FFI-facing modules, each use with a `// SAFETY:` note.
@@ -22,6 +23,7 @@ mod hotpath;
 mod modules;
 mod output;
 mod phases;
+mod python;
 mod resolve;
 mod routing;
 mod table;

@@ -54,6 +54,10 @@ pub struct RawEvent {
     pub stream: u64,
     pub extra: u64,
     pub frames: Vec<u64>,
+    /// The calling thread's Python stack; `None` when no supported interpreter runs.
+    pub py: Option<Box<crate::python::PyCapture>>,
+    /// The thread's name, on its first event.
+    pub thread_name: Option<String>,
 }
 
 struct Tracer {
@@ -222,6 +226,7 @@ fn start() {
 
 fn open(config: &Config) -> Result<Tracer, String> {
     MAX_FRAMES.store(config.max_frames, SeqCst);
+    crate::python::set_enabled(config.python);
     let target = crate::output::target(config.output.as_deref(), std::process::id(), config.rank);
     let (file, path) =
         crate::output::create(&target, config.file_mode).map_err(|e| format!("cannot create trace file {}: {e}", target.display()))?;
@@ -384,6 +389,7 @@ fn write_out(t: &Tracer, final_: bool) {
 /// be held by a thread that is gone) and start afresh on the child's first allocation call.
 extern "C" fn in_forked_child() {
     crate::hotpath::forget_thread_id();
+    crate::python::forget_codes();
     let old = TRACER.swap(null_mut(), SeqCst);
     if !old.is_null() {
         // SAFETY: reading a plain field of the leaked tracer; the fd is the parent's trace, which

@@ -26,6 +26,14 @@ pub struct Writer {
     buf: Vec<u8>,
     start_ns: u64,
     stacks: HashMap<Vec<u64>, u32>,
+    /// Python code objects written, by (address, signature): see `python.rs`.
+    py_codes: HashMap<(u64, u64), u32>,
+    py_stacks: HashMap<Vec<fmt::PyFrame>, u32>,
+    /// Python stacks as the hook captured them, by a fast hash: most events repeat a stack,
+    /// and this finds its id without re-mapping and re-hashing every frame.
+    py_raw: HashMap<u64, Vec<(Vec<crate::python::RawPyFrame>, u32)>>,
+    /// Threads a Thread record was written for.
+    threads: HashSet<u32>,
     /// Objects written to the trace, by (path, bias).
     modules: Vec<Object>,
     /// Addresses found in no loaded object even after a rescan (JIT code...): don't rescan.
@@ -45,6 +53,10 @@ impl Writer {
             buf: fmt::header().to_vec(),
             start_ns,
             stacks: HashMap::new(),
+            py_codes: HashMap::new(),
+            py_stacks: HashMap::new(),
+            py_raw: HashMap::new(),
+            threads: HashSet::new(),
             modules: Vec::new(),
             unmapped: HashSet::new(),
             events: 0,
@@ -86,6 +98,16 @@ impl Writer {
 
     /// Encodes one event (and its stack and modules, the first time they are seen).
     pub fn event(&mut self, ev: RawEvent) -> io::Result<()> {
+        if let Some(n) = crate::python::take_notice() {
+            self.notice(&n);
+        }
+        if self.threads.insert(ev.tid) {
+            self.thread(ev.tid, ev.thread_name, ev.py.as_ref().is_some_and(|p| p.has_tstate));
+        }
+        let pystack = match ev.py {
+            Some(py) => self.intern_py(*py),
+            None => 0,
+        };
         let stack = self.intern(ev.frames);
         self.put(&Record::Event(fmt::Event {
             api: ev.api,
@@ -98,7 +120,7 @@ impl Writer {
             size: ev.size,
             stream: ev.stream,
             extra: ev.extra,
-            pystack: 0,
+            pystack,
         }));
         self.events += 1;
         if self.buf.len() >= FLUSH_BYTES {
@@ -126,6 +148,81 @@ impl Writer {
         let id = self.stacks.len() as u32 + 1;
         self.put(&Record::Stack(fmt::Stack { id, frames: frames.clone() }));
         self.stacks.insert(frames, id);
+        id
+    }
+
+    /// A Thread record: the thread's name as the hook read it, else as /proc tells (a thread
+    /// that has exited since: empty).
+    fn thread(&mut self, tid: u32, name: Option<String>, python: bool) {
+        let name = name.unwrap_or_else(|| {
+            std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+                .map(|s| s.trim_end().to_owned())
+                .unwrap_or_default()
+        });
+        self.put(&Record::Thread(fmt::Thread { tid, name, python }));
+    }
+
+    /// Writes the code objects seen for the first time, then the stack (once); returns its id.
+    fn intern_py(&mut self, py: crate::python::PyCapture) -> u32 {
+        for c in py.new_codes {
+            if self.py_codes.contains_key(&(c.code, c.sig)) {
+                continue;
+            }
+            let id = self.py_codes.len() as u32 + 1;
+            self.py_codes.insert((c.code, c.sig), id);
+            self.put(&Record::PyCode(fmt::PyCode {
+                id,
+                name: c.name,
+                qualname: c.qualname,
+                filename: c.filename,
+                firstlineno: c.firstlineno,
+                linetable_format: c.linetable_format,
+                linetable: c.linetable,
+            }));
+        }
+        if py.frames.is_empty() {
+            return 0;
+        }
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for f in &py.frames {
+            h = (h ^ f.code ^ f.sig.rotate_left(17) ^ ((f.instr as u64) << 8 | f.flags as u64)).wrapping_mul(0x0100_0000_01b3);
+        }
+        if let Some(id) = self.py_raw.get(&h).and_then(|v| v.iter().find(|(raw, _)| *raw == py.frames)).map(|(_, id)| *id) {
+            return id;
+        }
+        let id = self.py_stack_id(&py.frames);
+        self.py_raw.entry(h).or_default().push((py.frames, id));
+        id
+    }
+
+    fn py_stack_id(&mut self, raw: &[crate::python::RawPyFrame]) -> u32 {
+        let mut frames = Vec::with_capacity(raw.len());
+        for f in raw {
+            let code = match self.py_codes.get(&(f.code, f.sig)) {
+                Some(&id) => id,
+                None => {
+                    // Not expected (the hook marks code objects known only after handing them
+                    // over); keep the frame, nameless.
+                    let id = self.py_codes.len() as u32 + 1;
+                    self.py_codes.insert((f.code, f.sig), id);
+                    self.put(&Record::PyCode(fmt::PyCode {
+                        id,
+                        name: "<unknown>".into(),
+                        qualname: "<unknown>".into(),
+                        filename: "<unknown>".into(),
+                        ..fmt::PyCode::default()
+                    }));
+                    id
+                }
+            };
+            frames.push(fmt::PyFrame { code, instr_offset: f.instr, flags: f.flags });
+        }
+        if let Some(&id) = self.py_stacks.get(&frames) {
+            return id;
+        }
+        let id = self.py_stacks.len() as u32 + 1;
+        self.put(&Record::PyStack(fmt::PyStack { id, frames: frames.clone() }));
+        self.py_stacks.insert(frames, id);
         id
     }
 

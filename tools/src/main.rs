@@ -2,6 +2,7 @@
 //! runs programs under it.
 
 mod model;
+mod python;
 mod report;
 mod run;
 mod sites;

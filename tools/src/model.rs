@@ -14,7 +14,8 @@ use std::ops::ControlFlow;
 use std::path::Path;
 
 use gpumemtrace_format::{
-    Api, Event, MemKind, Module, Op, Process, ReadError, Reader, Record, Stats,
+    Api, Event, MemKind, Module, Op, Process, PyCode, PyFrame, ReadError, Reader, Record, Stats,
+    Thread,
 };
 
 /// How far reading got.
@@ -131,6 +132,36 @@ pub struct Trace {
     /// Post-mortem of the last failed allocation: what was live on its device at that moment,
     /// per group (GPU-memory kinds only), by stack, largest first.
     pub last_failure_live: Vec<(GroupKey, Vec<StackUse>)>,
+    /// Python code objects and stacks (innermost first), by id.
+    pub py_codes: HashMap<u32, PyCode>,
+    pub py_stacks: HashMap<u32, Vec<PyFrame>>,
+    /// Thread records, by thread id.
+    pub threads: HashMap<u32, Thread>,
+    /// Stack keys of events with a Python stack: [`PY_KEY`] and up, standing for a
+    /// (native stack id, Python stack id) pair. Events without one keep their native stack id.
+    pub combined: HashMap<u32, (u32, u32)>,
+    combined_ids: HashMap<(u32, u32), u32>,
+    /// The first thread seen using each stack key.
+    pub stack_tid: HashMap<u32, u32>,
+}
+
+/// First stack key of a (native, Python) pair; native stack ids stay below it.
+pub const PY_KEY: u32 = 0x8000_0000;
+
+impl Trace {
+    /// The key an event's allocation is recorded under: its native stack id, or the id of the
+    /// pair when it also has a Python stack.
+    fn stack_key(&mut self, e: &Event) -> u32 {
+        if e.pystack == 0 {
+            return e.stack;
+        }
+        let next = PY_KEY + self.combined_ids.len() as u32;
+        let key = *self.combined_ids.entry((e.stack, e.pystack)).or_insert(next);
+        if key == next {
+            self.combined.insert(key, (e.stack, e.pystack));
+        }
+        key
+    }
 }
 
 impl Trace {
@@ -157,8 +188,10 @@ impl Trace {
                 Record::Stack(s) => {
                     trace.stacks.insert(s.id, s.frames);
                 }
-                Record::Event(e) => {
+                Record::Event(mut e) => {
                     trace.events += 1;
+                    e.stack = trace.stack_key(&e);
+                    trace.stack_tid.entry(e.stack).or_insert(e.tid);
                     match trace.apis.get(&e.api) {
                         Some(api) => replay.apply(api, &e),
                         None => trace.unknown_api_events += 1,
@@ -166,8 +199,17 @@ impl Trace {
                 }
                 Record::Notice(n) => trace.notices.push(n),
                 Record::Stats(s) => trace.stats = Some(s),
-                // Python stacks, phases and thread names: not used by these reports yet.
-                Record::PyCode(_) | Record::PyStack(_) | Record::Phase(_) | Record::Thread(_) => {}
+                Record::PyCode(c) => {
+                    trace.py_codes.insert(c.id, c);
+                }
+                Record::PyStack(s) => {
+                    trace.py_stacks.insert(s.id, s.frames);
+                }
+                Record::Thread(t) => {
+                    trace.threads.insert(t.tid, t);
+                }
+                // Phases: not used by these reports yet.
+                Record::Phase(_) => {}
                 Record::Unknown(_) => {}
             }
             ControlFlow::Continue(())
@@ -199,7 +241,11 @@ impl Trace {
                     Record::Api(a) => {
                         apis.insert(a.id, a);
                     }
-                    Record::Event(e) => {
+                    Record::Event(mut e) => {
+                        if e.pystack != 0 {
+                            // Every pair was seen by pass 1.
+                            e.stack = trace.combined_ids.get(&(e.stack, e.pystack)).copied().unwrap_or(e.stack);
+                        }
                         if let Some(api) = apis.get(&e.api) {
                             again.apply(api, &e);
                             for key in snapshot_at.get(&again.ordinal).into_iter().flatten() {

@@ -28,6 +28,9 @@ pub struct Frame {
     /// Address relative to the module (`address - bias`), for `module+0xoffset` display.
     #[serde(skip)]
     pub offset: Option<u64>,
+    /// A Python frame (function = qualified name, file = `co_filename`); only in JSON when true.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub python: bool,
 }
 
 impl Frame {

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::model::{StackUse, Trace};
+use crate::python;
 use crate::sites::site_index;
 use crate::symbolize::{Frame, TraceSymbolizer};
 
@@ -21,20 +22,45 @@ pub struct Located {
     /// Where `site` is in `frames`; terminal output shows frames from here.
     #[serde(skip)]
     pub site_index: usize,
+    /// In a Python process, the name of a thread without Python (a native worker thread such
+    /// as PyTorch's autograd engine) that made the allocation: its stack is native only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thread: Option<String>,
 }
 
-/// Symbolizes the stack with id `stack` (0 or unknown: an empty stack).
+/// Symbolizes the stack with key `stack` (0 or unknown: an empty stack), merged with its
+/// Python stack when it has one (see [`crate::python::merge`]).
 pub fn locate(trace: &Trace, sym: &mut TraceSymbolizer, stack: u32) -> Located {
-    let frames = trace
+    let (native, py) = match trace.combined.get(&stack) {
+        Some(&(n, p)) => (n, p),
+        None => (stack, 0),
+    };
+    let mut frames = trace
         .stacks
-        .get(&stack)
+        .get(&native)
         .map(|a| sym.stack(a))
         .unwrap_or_default();
-    let site_index = site_index(&frames);
+    if let Some(pf) = trace.py_stacks.get(&py) {
+        let python: Vec<_> = pf.iter().map(|f| python::frame(trace.py_codes.get(&f.code), f)).collect();
+        let entry: Vec<bool> = pf.iter().map(|f| f.flags & 1 != 0).collect();
+        frames = python::merge(frames, python, &entry);
+    }
+    let site_index = match frames.iter().position(|f| f.python) {
+        Some(first) => frames
+            .iter()
+            .position(|f| f.python && python::is_user_code(f))
+            .unwrap_or(first),
+        None => site_index(&frames),
+    };
+    let thread = match trace.stack_tid.get(&stack).and_then(|t| trace.threads.get(t)) {
+        Some(t) if py == 0 && !t.python && !trace.py_codes.is_empty() => Some(t.name.clone()),
+        _ => None,
+    };
     Located {
         site: frames.get(site_index).cloned().unwrap_or_default(),
         frames,
         site_index,
+        thread,
     }
 }
 
@@ -49,6 +75,9 @@ pub struct Site {
     pub frames: Vec<Frame>,
     #[serde(skip)]
     pub site_index: usize,
+    /// See [`Located::thread`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thread: Option<String>,
 }
 
 /// Site identity: the symbolized function and line. Unsymbolized stacks cannot be told
@@ -75,6 +104,7 @@ pub fn sites(uses: &[StackUse], trace: &Trace, sym: &mut TraceSymbolizer) -> Vec
                 site,
                 frames,
                 site_index,
+                thread,
             } = located;
             out.push(Site {
                 bytes: 0,
@@ -82,6 +112,7 @@ pub fn sites(uses: &[StackUse], trace: &Trace, sym: &mut TraceSymbolizer) -> Vec
                 site,
                 frames,
                 site_index,
+                thread,
             });
             out.len() - 1
         });

@@ -397,7 +397,10 @@ fn render_sites(
     out: &mut dyn Write,
 ) -> io::Result<()> {
     for s in sites {
-        let lines = site_lines(&s.site, &s.frames, s.site_index, opts.frames);
+        let mut lines = site_lines(&s.site, &s.frames, s.site_index, opts.frames);
+        if let Some(t) = &s.thread {
+            lines[0].push_str(&format!("  [thread {t}, no Python stack]"));
+        }
         writeln!(out, "  {:>10} {:>5}x  {}", size(s.bytes), s.count, lines[0])?;
         for l in &lines[1..] {
             writeln!(out, "  {:>10} {:>5}   {l}", "", "")?;
@@ -626,7 +629,7 @@ mod tests {
                 ..opts.clone()
             },
         );
-        serde_json::to_value(Json { traces: &[r] }).unwrap()["traces"][0].clone()
+        serde_json::to_value(Json { traces: &[r], merged: None }).unwrap()["traces"][0].clone()
     }
 
     fn frame(address: u64) -> Value {

@@ -1,0 +1,34 @@
+"""Python driver for benches/overhead.rs: N cuMemAlloc_v2 + cuMemFree_v2 pairs through ctypes
+(GIL released, as in PyTorch) from a Python stack DEPTH frames deep. Prints one line:
+    pairs=N depth=D wall_ns=W
+Usage: python3 py_alloc.py LIBCUDA PAIRS DEPTH"""
+import ctypes
+import sys
+import time
+
+lib = ctypes.CDLL(sys.argv[1])
+pairs, depth = int(sys.argv[2]), int(sys.argv[3])
+ctx = ctypes.c_void_p()
+assert lib.cuInit(0) == 0
+assert lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert lib.cuCtxSetCurrent(ctx) == 0
+alloc, free = lib.cuMemAlloc_v2, lib.cuMemFree_v2
+free.argtypes = [ctypes.c_uint64]
+
+
+def loop():
+    p = ctypes.c_uint64()
+    ref = ctypes.byref(p)
+    t0 = time.perf_counter_ns()
+    for i in range(pairs):
+        alloc(ref, 4096)
+        free(p.value)
+    return time.perf_counter_ns() - t0
+
+
+def descend(d):
+    return loop() if d <= 0 else descend(d - 1)
+
+
+descend(2)  # warm up (and start the tracer)
+print(f"pairs={pairs} depth={depth} wall_ns={descend(depth)}")

@@ -1,0 +1,661 @@
+//! Python stacks: the calling thread's CPython frames, read straight from the interpreter's
+//! memory inside the hook, without the GIL.
+//!
+//! Why raw memory: PyTorch (and every `ctypes` call) releases the GIL around the call that
+//! reaches `cudaMalloc`, so the C API (which needs the GIL) cannot be used, and taking the GIL
+//! inside an allocator lock can deadlock. The thread's own frames still hang off its thread
+//! state and cannot change while the thread sits in our hook, so reading them is race-free.
+//!
+//! - Detection (`detect`): `PyGILState_GetThisThreadState` etc. through the real `dlsym` with
+//!   `RTLD_DEFAULT` (a python executable exports them; so does a libpython loaded globally).
+//!   Retried at most once a second while no interpreter is found (embedding may load it late).
+//!   Supported: CPython 3.10 to 3.13 with the default (GIL) build. Anything else gets native
+//!   stacks only, with one notice (stderr + a Notice record).
+//! - Per event (`capture`): the thread state (thread-specific storage, no GIL), then the frame
+//!   chain with per-version offsets (3.13: from `_Py_DebugOffsets` in `_PyRuntime`), at most
+//!   [`MAX_PY_FRAMES`] frames, every pointer checked (non-null, aligned, user space) and every
+//!   code object's type compared with `PyCode_Type`. A frame is (code pointer, instruction
+//!   byte offset, entry flag).
+//! - Code objects: the first time the process sees one (a lock-free cache keyed by address and
+//!   a signature of its name/file/line-table pointers, against address reuse), the hook copies
+//!   what the writer needs (names, file, first line, a copy of the line table) while the frame
+//!   keeps it alive. Lines are computed offline by the CLI.
+//!
+//! Offsets were derived from the CPython headers (3.10.13, 3.11.7, 3.12.1, 3.13.0) with a
+//! `offsetof` probe compiled with `Py_BUILD_CORE`; 3.13's come from the interpreter itself.
+
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
+use std::sync::Mutex;
+
+use once_cell::sync::OnceCell;
+
+use crate::resolve::dlsym_real;
+
+/// Deepest Python stack recorded (innermost frames are kept).
+pub const MAX_PY_FRAMES: usize = 256;
+/// Longest string copied from a code object (characters).
+const MAX_STR: usize = 4096;
+/// Largest line table copied (bytes); a longer one is cut (later lines then read as unknown).
+const MAX_LINETABLE: usize = 256 * 1024;
+
+/// Frame flag: the first frame its interpreter-loop invocation ran.
+pub const ENTRY: u8 = 1;
+
+/// One captured frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RawPyFrame {
+    pub code: u64,
+    pub sig: u64,
+    pub instr: u32,
+    pub flags: u8,
+}
+
+/// What the writer needs of a code object, copied while it was certainly alive.
+#[derive(Clone, Debug)]
+pub struct CodeInfo {
+    pub code: u64,
+    pub sig: u64,
+    pub name: String,
+    pub qualname: String,
+    pub filename: String,
+    pub firstlineno: u32,
+    pub linetable_format: u8,
+    pub linetable: Vec<u8>,
+}
+
+/// A thread's Python stack at one event.
+#[derive(Debug, Default)]
+pub struct PyCapture {
+    /// The thread had a Python thread state.
+    pub has_tstate: bool,
+    /// Innermost first.
+    pub frames: Vec<RawPyFrame>,
+    /// Code objects the process had not reported yet.
+    pub new_codes: Vec<CodeInfo>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    minor: u32,
+    /// tstate -> `frame` (3.10), `cframe` (3.11, 3.12) or `current_frame` (3.13).
+    tstate_frame: usize,
+    /// `_PyCFrame.current_frame` (3.11, 3.12).
+    cframe_current: Option<usize>,
+    frame_code: usize,
+    frame_previous: usize,
+    /// `prev_instr` / `instr_ptr` (pointers), or `f_lasti` (3.10, an int counting code units).
+    frame_instr: usize,
+    /// 3.11: `is_entry` (bool).
+    frame_is_entry: Option<usize>,
+    /// 3.12+: `owner` (char); `FRAME_OWNED_BY_CSTACK` frames are the interpreter's entry shims.
+    frame_owner: Option<usize>,
+    code_firstlineno: usize,
+    code_filename: usize,
+    code_name: usize,
+    code_qualname: Option<usize>,
+    code_linetable: usize,
+    /// Start of the bytecode in the code object (3.11+).
+    code_adaptive: usize,
+    /// `sizeof(PyASCIIObject)`, `sizeof(PyCompactUnicodeObject)`: where string data starts.
+    ascii_size: usize,
+    compact_size: usize,
+    linetable_format: u8,
+}
+
+const FRAME_OWNED_BY_CSTACK: u8 = 3;
+
+impl Layout {
+    /// Offsets of the GIL build on x86-64/aarch64 (LP64), from the CPython headers.
+    fn for_minor(minor: u32) -> Option<Layout> {
+        Some(match minor {
+            10 => Layout {
+                minor,
+                tstate_frame: 24,
+                cframe_current: None,
+                frame_code: 32,
+                frame_previous: 24,
+                frame_instr: 96,
+                frame_is_entry: None,
+                frame_owner: None,
+                code_firstlineno: 40,
+                code_filename: 104,
+                code_name: 112,
+                code_qualname: None,
+                code_linetable: 120,
+                code_adaptive: 0,
+                ascii_size: 48,
+                compact_size: 72,
+                linetable_format: 1,
+            },
+            11 => Layout {
+                minor,
+                tstate_frame: 56,
+                cframe_current: Some(8),
+                frame_code: 32,
+                frame_previous: 48,
+                frame_instr: 56,
+                frame_is_entry: Some(68),
+                frame_owner: None,
+                code_firstlineno: 72,
+                code_filename: 112,
+                code_name: 120,
+                code_qualname: Some(128),
+                code_linetable: 136,
+                code_adaptive: 184,
+                ascii_size: 48,
+                compact_size: 72,
+                linetable_format: 2,
+            },
+            12 => Layout {
+                minor,
+                tstate_frame: 56,
+                cframe_current: Some(0),
+                frame_code: 0,
+                frame_previous: 8,
+                frame_instr: 56,
+                frame_is_entry: None,
+                frame_owner: Some(70),
+                code_firstlineno: 68,
+                code_filename: 112,
+                code_name: 120,
+                code_qualname: Some(128),
+                code_linetable: 136,
+                code_adaptive: 192,
+                ascii_size: 40,
+                compact_size: 56,
+                linetable_format: 2,
+            },
+            // 3.13: these are the header values; `debug_offsets` replaces them with what the
+            // running interpreter publishes.
+            13 => Layout {
+                minor,
+                tstate_frame: 72,
+                cframe_current: None,
+                frame_code: 0,
+                frame_previous: 8,
+                frame_instr: 56,
+                frame_is_entry: None,
+                frame_owner: Some(70),
+                code_firstlineno: 68,
+                code_filename: 112,
+                code_name: 120,
+                code_qualname: Some(128),
+                code_linetable: 136,
+                code_adaptive: 200,
+                ascii_size: 40,
+                compact_size: 56,
+                linetable_format: 2,
+            },
+            _ => return None,
+        })
+    }
+}
+
+type GetTstate = unsafe extern "C" fn() -> *mut c_void;
+type IsInitialized = unsafe extern "C" fn() -> i32;
+
+struct Interp {
+    layout: Layout,
+    get_tstate: GetTstate,
+    is_initialized: IsInitialized,
+    code_type: u64,
+    unicode_type: u64,
+    bytes_type: u64,
+}
+
+const UNKNOWN: u8 = 0;
+const READY: u8 = 1;
+const NONE: u8 = 2;
+
+static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
+static INTERP: OnceCell<Interp> = OnceCell::new();
+static LAST_LOOK_NS: AtomicU64 = AtomicU64::new(0);
+static ENABLED: AtomicBool = AtomicBool::new(true);
+static NOTICE: Mutex<Option<String>> = Mutex::new(None);
+static HAS_NOTICE: AtomicBool = AtomicBool::new(false);
+
+/// `GPUMEMTRACE_PYTHON=0` turns capture off (set once when tracing starts).
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Relaxed);
+}
+
+/// A notice for the trace (unsupported interpreter), taken once by the writer.
+pub fn take_notice() -> Option<String> {
+    if !HAS_NOTICE.load(Relaxed) {
+        return None;
+    }
+    HAS_NOTICE.store(false, Relaxed);
+    NOTICE.lock().unwrap_or_else(|e| e.into_inner()).take()
+}
+
+fn notice(msg: String) {
+    eprintln!("gpumemtrace: {msg}");
+    *NOTICE.lock().unwrap_or_else(|e| e.into_inner()) = Some(msg);
+    HAS_NOTICE.store(true, Relaxed);
+}
+
+fn sym(name: &CStr) -> *mut c_void {
+    dlsym_real(libc::RTLD_DEFAULT, name)
+}
+
+/// The interpreter, if one is loaded and supported. Cheap after the first answer; while no
+/// interpreter is found, looks again at most once a second (`now_ns`: the event's time).
+fn interp(now_ns: u64) -> Option<&'static Interp> {
+    match STATE.load(Acquire) {
+        READY => return INTERP.get(),
+        NONE => return None,
+        _ => {}
+    }
+    let last = LAST_LOOK_NS.load(Relaxed);
+    if last != 0 && now_ns.saturating_sub(last) < 1_000_000_000 {
+        return None;
+    }
+    LAST_LOOK_NS.store(now_ns.max(1), Relaxed);
+    match detect() {
+        Detected::Absent => None,
+        Detected::Unsupported(why) => {
+            if STATE.swap(NONE, AcqRel) != NONE {
+                notice(format!("{why}; events get native stacks only"));
+            }
+            None
+        }
+        Detected::Ready(i) => {
+            let _ = INTERP.set(i);
+            STATE.store(READY, Release);
+            INTERP.get()
+        }
+    }
+}
+
+enum Detected {
+    Absent,
+    Unsupported(String),
+    Ready(Interp),
+}
+
+fn detect() -> Detected {
+    let get_tstate = sym(c"PyGILState_GetThisThreadState");
+    let is_init = sym(c"Py_IsInitialized");
+    let get_version = sym(c"Py_GetVersion");
+    if get_tstate.is_null() || is_init.is_null() || get_version.is_null() {
+        return Detected::Absent;
+    }
+    // SAFETY: Py_GetVersion takes no arguments, needs no GIL and returns a static C string.
+    let version = unsafe {
+        let f: unsafe extern "C" fn() -> *const c_char = std::mem::transmute(get_version);
+        let p = f();
+        if p.is_null() {
+            return Detected::Absent;
+        }
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    };
+    let Some((major, minor)) = parse_version(&version) else {
+        return Detected::Unsupported(format!("cannot read the Python version from {version:?}"));
+    };
+    let short = version.split_whitespace().next().unwrap_or("").to_owned();
+    if version.contains("free-threading") || version.contains("free threading") {
+        return Detected::Unsupported(format!("Python {short} is a free-threaded build, not supported for Python stacks"));
+    }
+    if !sym(c"_Py_PrintReferences").is_null() {
+        return Detected::Unsupported(format!("Python {short} is a Py_TRACE_REFS build, not supported for Python stacks"));
+    }
+    let Some(mut layout) = (major == 3).then(|| Layout::for_minor(minor)).flatten() else {
+        return Detected::Unsupported(format!("Python {short} is not supported for Python stacks (3.10 to 3.13 are)"));
+    };
+    if minor >= 13 {
+        match debug_offsets(&mut layout) {
+            Ok(()) => {}
+            Err(why) => return Detected::Unsupported(format!("Python {short}: {why}")),
+        }
+    }
+    let types = [sym(c"PyCode_Type"), sym(c"PyUnicode_Type"), sym(c"PyBytes_Type")];
+    if types.iter().any(|p| p.is_null()) {
+        return Detected::Unsupported(format!("Python {short}: type objects not found"));
+    }
+    // SAFETY: both symbols are CPython functions of these signatures (no arguments).
+    let (get_tstate, is_initialized) = unsafe {
+        (std::mem::transmute::<*mut c_void, GetTstate>(get_tstate), std::mem::transmute::<*mut c_void, IsInitialized>(is_init))
+    };
+    Detected::Ready(Interp {
+        layout,
+        get_tstate,
+        is_initialized,
+        code_type: types[0] as u64,
+        unicode_type: types[1] as u64,
+        bytes_type: types[2] as u64,
+    })
+}
+
+/// "3.12.3 (main, ...) [GCC ...]" -> (3, 12).
+fn parse_version(v: &str) -> Option<(u32, u32)> {
+    let head = v.split_whitespace().next()?;
+    let mut it = head.split('.');
+    let major = it.next()?.parse().ok()?;
+    let minor: String = it.next()?.chars().take_while(|c| c.is_ascii_digit()).collect();
+    Some((major, minor.parse().ok()?))
+}
+
+/// CPython 3.13 publishes the offsets debuggers need in `_PyRuntime` (`_Py_DebugOffsets`, first
+/// field). Its 3.13 layout: cookie[8], version u64, free_threaded u64, then u64 offset groups.
+fn debug_offsets(layout: &mut Layout) -> Result<(), String> {
+    let rt = sym(c"_PyRuntime") as u64;
+    if rt == 0 {
+        return Err("_PyRuntime not found".into());
+    }
+    // SAFETY: `_PyRuntime` is a static object of well over 400 bytes starting with the offsets.
+    let (cookie, version, free_threaded) = unsafe { (read::<[u8; 8]>(rt), read::<u64>(rt + 8), read::<u64>(rt + 16)) };
+    if &cookie != b"xdebugpy" {
+        return Err("_Py_DebugOffsets cookie not found".into());
+    }
+    if version >> 16 != 0x030D {
+        return Err(format!("_Py_DebugOffsets has version {version:#x}, expected 3.13"));
+    }
+    if free_threaded != 0 {
+        return Err("a free-threaded build, not supported for Python stacks".into());
+    }
+    // Group starts, in u64 fields: runtime_state at 3 (3 fields), interpreter_state at 6
+    // (13 fields), thread_state at 19 (9), interpreter_frame at 28 (6), code_object at 34 (10).
+    // SAFETY: reading u64 fields of the offsets table, all within it.
+    let f = |i: u64| unsafe { read::<u64>(rt + 8 * i) } as usize;
+    let (ts, fr, co) = (19, 28, 34);
+    layout.tstate_frame = f(ts + 4);
+    layout.frame_previous = f(fr + 1);
+    layout.frame_code = f(fr + 2);
+    layout.frame_instr = f(fr + 3);
+    layout.frame_owner = Some(f(fr + 5));
+    layout.code_filename = f(co + 1);
+    layout.code_name = f(co + 2);
+    layout.code_qualname = Some(f(co + 3));
+    layout.code_linetable = f(co + 4);
+    layout.code_firstlineno = f(co + 5);
+    layout.code_adaptive = f(co + 9);
+    let all = [
+        layout.tstate_frame,
+        layout.frame_previous,
+        layout.frame_code,
+        layout.frame_instr,
+        layout.code_filename,
+        layout.code_name,
+        layout.code_linetable,
+        layout.code_firstlineno,
+        layout.code_adaptive,
+    ];
+    if all.iter().any(|&o| o > 4096) {
+        return Err("_Py_DebugOffsets holds implausible offsets".into());
+    }
+    Ok(())
+}
+
+/// A pointer that can be dereferenced for `align`-aligned reads: non-null, aligned, in the
+/// lower half (user space), past the first page.
+#[inline]
+fn plausible(p: u64, align: u64) -> bool {
+    p >= 4096 && p < (1 << 47) && p % align == 0
+}
+
+/// # Safety
+/// `addr` must point to readable memory holding a `T`.
+#[inline]
+unsafe fn read<T: Copy>(addr: u64) -> T {
+    // SAFETY: the caller's promise; unaligned reads are allowed.
+    unsafe { std::ptr::read_unaligned(addr as *const T) }
+}
+
+/// The calling thread's Python stack, or `None` when no supported interpreter is running.
+pub fn capture(now_ns: u64) -> Option<PyCapture> {
+    if !ENABLED.load(Relaxed) {
+        return None;
+    }
+    let interp = interp(now_ns)?;
+    // SAFETY: Py_IsInitialized reads one runtime flag; no GIL needed. Before initialization
+    // (or after finalization) the thread-state key is not valid, so we stop here.
+    if unsafe { (interp.is_initialized)() } == 0 {
+        return None;
+    }
+    // SAFETY: PyGILState_GetThisThreadState reads thread-specific storage; no GIL needed.
+    let tstate = unsafe { (interp.get_tstate)() } as u64;
+    let mut out = PyCapture { has_tstate: tstate != 0, frames: Vec::with_capacity(32), new_codes: Vec::new() };
+    if plausible(tstate, 8) {
+        // SAFETY: `tstate` is this thread's live PyThreadState; the frames it leads to belong to
+        // this thread, which is inside our hook, so none of them is popped or freed meanwhile.
+        unsafe { walk(interp, tstate, &mut out) };
+    }
+    Some(out)
+}
+
+/// # Safety
+/// `tstate` must be the calling thread's thread state of the detected interpreter.
+unsafe fn walk(interp: &Interp, tstate: u64, out: &mut PyCapture) {
+    let l = &interp.layout;
+    // SAFETY (whole function): every address read is a field of an object reached from the
+    // thread state through pointers checked by `plausible`, at offsets of this version's
+    // layout; code objects are also type-checked before their fields are used.
+    let mut frame: u64 = unsafe { read(tstate + l.tstate_frame as u64) };
+    if let Some(off) = l.cframe_current {
+        if !plausible(frame, 8) {
+            return;
+        }
+        frame = unsafe { read(frame + off as u64) };
+    }
+    let mut steps = 0;
+    while plausible(frame, 8) && out.frames.len() < MAX_PY_FRAMES && steps < 4 * MAX_PY_FRAMES {
+        steps += 1;
+        let previous: u64 = unsafe { read(frame + l.frame_previous as u64) };
+        if previous == frame {
+            break;
+        }
+        if let Some(off) = l.frame_owner {
+            let owner: u8 = unsafe { read(frame + off as u64) };
+            if owner == FRAME_OWNED_BY_CSTACK {
+                // The shim the interpreter pushes when it starts: the frame before it (inner
+                // side) was the first one that invocation ran.
+                if let Some(last) = out.frames.last_mut() {
+                    last.flags |= ENTRY;
+                }
+                frame = previous;
+                continue;
+            }
+        }
+        let code: u64 = unsafe { read(frame + l.frame_code as u64) };
+        if plausible(code, 8) && unsafe { read::<u64>(code + 8) } == interp.code_type {
+            let instr = if l.minor == 10 {
+                let lasti: i32 = unsafe { read(frame + l.frame_instr as u64) };
+                (lasti.max(0) as u32).saturating_mul(2)
+            } else {
+                let p: u64 = unsafe { read(frame + l.frame_instr as u64) };
+                let start = code + l.code_adaptive as u64;
+                if p >= start && p - start < (1 << 30) {
+                    (p - start) as u32
+                } else {
+                    0
+                }
+            };
+            let mut flags = 0;
+            if l.minor == 10 {
+                flags |= ENTRY; // 3.10 runs each frame in its own interpreter-loop call
+            }
+            if let Some(off) = l.frame_is_entry {
+                if unsafe { read::<u8>(frame + off as u64) } != 0 {
+                    flags |= ENTRY;
+                }
+            }
+            let sig = unsafe { signature(l, code) };
+            if !cache_has(code, sig) && !out.new_codes.iter().any(|c| c.code == code && c.sig == sig) {
+                out.new_codes.push(unsafe { code_info(interp, code, sig) });
+            }
+            out.frames.push(RawPyFrame { code, sig, instr, flags });
+        }
+        frame = previous;
+    }
+}
+
+/// What identifies a code object beyond its address: the addresses of its name, file and line
+/// table objects and its first line. A freed code object's address reused by another gives a
+/// different signature (short of all of them being reused alike).
+///
+/// # Safety
+/// `code` must be a live code object.
+unsafe fn signature(l: &Layout, code: u64) -> u64 {
+    // SAFETY: fields of a live code object.
+    let (name, file, table, line) = unsafe {
+        (
+            read::<u64>(code + l.code_name as u64),
+            read::<u64>(code + l.code_filename as u64),
+            read::<u64>(code + l.code_linetable as u64),
+            read::<u32>(code + l.code_firstlineno as u64),
+        )
+    };
+    let mut h = 0x9E37_79B9_7F4A_7C15u64;
+    for v in [name, file, table, line as u64] {
+        h = (h ^ v).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        h ^= h >> 31;
+    }
+    h | 1
+}
+
+/// # Safety
+/// `code` must be a live code object.
+unsafe fn code_info(interp: &Interp, code: u64, sig: u64) -> CodeInfo {
+    let l = &interp.layout;
+    // SAFETY: fields of a live code object; the objects they point to are read by the checked
+    // helpers below.
+    unsafe {
+        let name = read_str(interp, read(code + l.code_name as u64)).unwrap_or_else(|| "?".into());
+        let qualname = match l.code_qualname {
+            Some(off) => read_str(interp, read(code + off as u64)).unwrap_or_else(|| name.clone()),
+            None => name.clone(),
+        };
+        let filename = read_str(interp, read(code + l.code_filename as u64)).unwrap_or_else(|| "?".into());
+        let firstlineno = read::<i32>(code + l.code_firstlineno as u64).max(0) as u32;
+        let linetable = read_bytes(interp, read(code + l.code_linetable as u64));
+        let linetable_format = if linetable.is_some() { l.linetable_format } else { 0 };
+        CodeInfo { code, sig, name, qualname, filename, firstlineno, linetable_format, linetable: linetable.unwrap_or_default() }
+    }
+}
+
+/// A `str` object's text (compact strings only, which code objects' strings always are).
+///
+/// # Safety
+/// `s` must be null or point to a live object.
+unsafe fn read_str(interp: &Interp, s: u64) -> Option<String> {
+    let l = &interp.layout;
+    if !plausible(s, 8) {
+        return None;
+    }
+    // SAFETY: a live object; its type is checked before the str fields are read.
+    unsafe {
+        if read::<u64>(s + 8) != interp.unicode_type {
+            return None;
+        }
+        let len = read::<i64>(s + 16);
+        let state = read::<u32>(s + 32);
+        if !(0..=MAX_STR as i64).contains(&len) {
+            return None;
+        }
+        let len = len as usize;
+        let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
+        if compact == 0 {
+            return None;
+        }
+        if ascii == 1 {
+            let b = std::slice::from_raw_parts((s + l.ascii_size as u64) as *const u8, len);
+            return Some(String::from_utf8_lossy(b).into_owned());
+        }
+        let data = s + l.compact_size as u64;
+        let chars: Option<String> = match kind {
+            1 => Some(std::slice::from_raw_parts(data as *const u8, len).iter().map(|&c| c as char).collect()),
+            2 => Some((0..len).map(|i| char::from_u32(read::<u16>(data + 2 * i as u64) as u32).unwrap_or('?')).collect()),
+            4 => Some((0..len).map(|i| char::from_u32(read::<u32>(data + 4 * i as u64)).unwrap_or('?')).collect()),
+            _ => None,
+        };
+        chars
+    }
+}
+
+/// A `bytes` object's content, at most [`MAX_LINETABLE`] bytes.
+///
+/// # Safety
+/// `b` must be null or point to a live object.
+unsafe fn read_bytes(interp: &Interp, b: u64) -> Option<Vec<u8>> {
+    if !plausible(b, 8) {
+        return None;
+    }
+    // SAFETY: a live object, type-checked; ob_size at 16 and the data at 32 (all versions).
+    unsafe {
+        if read::<u64>(b + 8) != interp.bytes_type {
+            return None;
+        }
+        let len = read::<i64>(b + 16);
+        if len < 0 {
+            return None;
+        }
+        let len = (len as usize).min(MAX_LINETABLE);
+        Some(std::slice::from_raw_parts((b + 32) as *const u8, len).to_vec())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Which code objects were already handed to the writer: a direct-mapped table of (address,
+// signature). A miss only costs a copy that the writer deduplicates.
+
+const CACHE: usize = 8192;
+static KEYS: [AtomicU64; CACHE] = [const { AtomicU64::new(0) }; CACHE];
+static SIGS: [AtomicU64; CACHE] = [const { AtomicU64::new(0) }; CACHE];
+
+fn slot(code: u64) -> usize {
+    ((code >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize % CACHE
+}
+
+fn cache_has(code: u64, sig: u64) -> bool {
+    let i = slot(code);
+    KEYS[i].load(Acquire) == code && SIGS[i].load(Acquire) == sig
+}
+
+/// Marks code objects as known. Called after the event that carries them was handed over, so
+/// that an event of another thread that relies on the mark is queued after it.
+pub fn remember(codes: &[(u64, u64)]) {
+    for &(code, sig) in codes {
+        let i = slot(code);
+        KEYS[i].store(0, Release);
+        SIGS[i].store(sig, Release);
+        KEYS[i].store(code, Release);
+    }
+}
+
+/// After fork the child keeps the parent's interpreter; its new trace knows no code objects.
+pub fn forget_codes() {
+    for i in 0..CACHE {
+        KEYS[i].store(0, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_parse() {
+        assert_eq!(parse_version("3.12.3 (main, Apr 10 2024) [GCC 13.2.0]"), Some((3, 12)));
+        assert_eq!(parse_version("3.13.0rc1+ experimental free-threading build"), Some((3, 13)));
+        assert_eq!(parse_version("3.10.13"), Some((3, 10)));
+        assert_eq!(parse_version("garbage"), None);
+    }
+
+    #[test]
+    fn layouts_exist_for_supported_versions_only() {
+        for m in 10..=13 {
+            assert!(Layout::for_minor(m).is_some());
+        }
+        assert!(Layout::for_minor(9).is_none() && Layout::for_minor(14).is_none());
+    }
+
+    #[test]
+    fn cache_remembers_by_address_and_signature() {
+        let code = 0x7f00_1234_5670;
+        assert!(!cache_has(code, 77));
+        remember(&[(code, 77)]);
+        assert!(cache_has(code, 77));
+        assert!(!cache_has(code, 79), "a reused address with another signature is new");
+    }
+}

@@ -1,0 +1,87 @@
+"""Test program for gpumemtrace's Python stacks: calls the emulated CUDA driver through ctypes
+(which releases the GIL around each call, as PyTorch's bindings do) from nested functions,
+threads, a generator, a class method and through a stdlib module (sched). Every allocation is
+leaked on purpose and logged on stdout with the line and function that made it:
+    py_alloc size=N line=L func=QUALNAME thread=NAME
+Usage: python3 alloc.py /path/to/libcuda.so.1 [--no-calls]
+"""
+import ctypes
+import sched
+import sys
+import threading
+
+lib = ctypes.CDLL(sys.argv[1])
+lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+lock = threading.Lock()
+
+
+def log(size, r):
+    f = sys._getframe(1)
+    assert r == 0, r
+    with lock:
+        print(f"py_alloc size={size} line={f.f_lineno} func={f.f_code.co_qualname if hasattr(f.f_code, 'co_qualname') else f.f_code.co_name} "
+              f"thread={threading.current_thread().name}", flush=True)
+
+
+def setup():
+    ctx = ctypes.c_void_p()
+    assert lib.cuInit(0) == 0
+    assert lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+    assert lib.cuCtxSetCurrent(ctx) == 0
+    return ctx
+
+
+def innermost(n):
+    p = ctypes.c_uint64(); r = lib.cuMemAlloc_v2(ctypes.byref(p), n); log(n, r)
+
+
+def middle(n):
+    innermost(n)
+    p = ctypes.c_uint64(); r = lib.cuMemAlloc_v2(ctypes.byref(p), n + 1024); log(n + 1024, r)
+
+
+def outer(n):
+    middle(n)
+
+
+def in_thread(n):
+    ctx = setup()
+    p = ctypes.c_uint64(); r = lib.cuMemAlloc_v2(ctypes.byref(p), n); log(n, r)
+
+
+def generator(sizes):
+    for n in sizes:
+        p = ctypes.c_uint64(); r = lib.cuMemAlloc_v2(ctypes.byref(p), n); log(n, r)
+        yield p.value
+
+
+class Model:
+    def forward(self, n):
+        p = ctypes.c_uint64(); r = lib.cuMemAlloc_v2(ctypes.byref(p), n); log(n, r)
+        return p.value
+
+
+def through_stdlib(n):
+    s = sched.scheduler()
+    p = ctypes.c_uint64()
+    s.enter(0, 1, lib.cuMemAlloc_v2, (ctypes.byref(p), n))
+    s.run(); log(n, 0)
+
+
+def main():
+    if "--no-calls" in sys.argv:
+        print("no calls made")
+        return
+    setup()
+    outer(1 << 20)
+    threads = [threading.Thread(target=in_thread, args=(3 << 20 + i,), name=f"worker-{i}") for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    list(generator([5 << 10, 6 << 10]))
+    Model().forward(7 << 10)
+    through_stdlib(9 << 10)
+
+
+main()
