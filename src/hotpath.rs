@@ -15,6 +15,8 @@ use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use gpumemtrace_format::Op;
+
 use crate::cuda::{Status, SUCCESS};
 use crate::guard::Guard;
 use crate::table::Id;
@@ -24,15 +26,40 @@ pub fn traced(id: Id, call: impl FnOnce() -> Status, describe: impl FnOnce(Statu
     let Some(_guard) = Guard::enter() else {
         return call();
     };
-    let result = call();
     if tracer::is_off() {
+        return call();
+    }
+    // A free is ordered (numbered and timed) before its real call, an allocation after it: then
+    // an address freed on one thread and handed out again on another is always written free
+    // first (see `tracer::next_seq`). Free lines of the table do not read the result.
+    let is_free = matches!(id.info().event, Some((_, Op::Free)));
+    let mut before = None;
+    if is_free {
+        match catch_unwind(AssertUnwindSafe(|| describe(SUCCESS).map(|f| (f, tracer::next_seq(), tracer::now_ns())))) {
+            Ok(b) => before = b,
+            Err(_) => tracer::disable("internal error while describing a free"),
+        }
+        let result = call();
+        if let Some((fields, seq, time)) = before {
+            guarded_record(id, result, fields, seq, time);
+        }
         return result;
     }
+    let result = call();
     let recorded = catch_unwind(AssertUnwindSafe(|| {
         if let Some(fields) = describe(result) {
-            record(id, result, fields);
+            record(id, result, fields, tracer::next_seq(), tracer::now_ns());
         }
     }));
+    report_panic(recorded);
+    result
+}
+
+fn guarded_record(id: Id, result: Status, f: Fields, seq: u64, time: u64) {
+    report_panic(catch_unwind(AssertUnwindSafe(|| record(id, result, f, seq, time))));
+}
+
+fn report_panic(recorded: std::thread::Result<()>) {
     if let Err(payload) = recorded {
         let what = payload
             .downcast_ref::<&str>()
@@ -41,11 +68,9 @@ pub fn traced(id: Id, call: impl FnOnce() -> Status, describe: impl FnOnce(Statu
             .unwrap_or_default();
         tracer::disable(&format!("internal error while recording a call ({what})"));
     }
-    result
 }
 
-fn record(id: Id, result: Status, f: Fields) {
-    let time = tracer::now_ns();
+fn record(id: Id, result: Status, f: Fields, seq: u64, time: u64) {
     if !tracer::ensure_started() {
         return;
     }
@@ -58,6 +83,7 @@ fn record(id: Id, result: Status, f: Fields) {
     let known: Vec<(u64, u64)> =
         py.as_ref().map(|p| p.new_codes.iter().map(|c| (c.code, c.sig)).collect()).unwrap_or_default();
     let event = tracer::RawEvent {
+        seq,
         api: id as u32,
         time_ns: time,
         tid: thread_id(),

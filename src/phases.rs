@@ -25,6 +25,7 @@ pub fn record(op: PhaseOp, name: &str) {
     }
     let _ = catch_unwind(AssertUnwindSafe(|| {
         tracer::submit_phase(RawPhase {
+            seq: tracer::next_seq(),
             time_ns: tracer::now_ns(),
             tid: crate::hotpath::thread_id(),
             op,

@@ -32,8 +32,30 @@ pub enum Msg {
     Phase(RawPhase),
 }
 
+impl Msg {
+    /// Position in the process's order of calls (see [`next_seq`]).
+    pub fn seq(&self) -> u64 {
+        match self {
+            Msg::Event(e) => e.seq,
+            Msg::Phase(p) => p.seq,
+        }
+    }
+}
+
+/// The order in which calls happened, across threads. Threads hand events over in whatever
+/// order they get to the channel, which can differ: thread A frees X, thread B's allocation gets
+/// X back, and B's event may reach the channel first. So each event takes a number at the moment
+/// that orders it — a free before its real call, an allocation after its real call returned —
+/// and the writer writes events in that order.
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+pub fn next_seq() -> u64 {
+    SEQ.fetch_add(1, SeqCst)
+}
+
 /// A phase boundary (`gpumemtrace_push` / `_pop` / `_mark`, NVTX ranges).
 pub struct RawPhase {
+    pub seq: u64,
     /// CLOCK_MONOTONIC, absolute.
     pub time_ns: u64,
     pub tid: u32,
@@ -43,6 +65,8 @@ pub struct RawPhase {
 
 /// An event as the hot path captured it, before interning.
 pub struct RawEvent {
+    /// See [`next_seq`].
+    pub seq: u64,
     pub api: u32,
     /// CLOCK_MONOTONIC, absolute.
     pub time_ns: u64,
@@ -178,7 +202,7 @@ fn send(msg: Msg) {
 
 fn write_direct(t: &Tracer, msg: Msg) {
     let mut w = lock(&t.writer);
-    if let Err(e) = w.message(msg).and_then(|_| w.flush()) {
+    if let Err(e) = w.message(msg).and_then(|_| w.release(true)).and_then(|_| w.flush()) {
         let msg = format!("cannot write {}: {e}", w.path.display());
         drop(w);
         disable(&msg);
@@ -325,6 +349,7 @@ fn serve_flush_request(t: &Tracer, w: &mut Writer) -> std::io::Result<()> {
     for msg in t.rx.try_iter() {
         w.message(msg)?;
     }
+    w.release(true)?;
     w.notice(&format!("the process received fatal signal {}", FATAL_SIGNAL.load(SeqCst)));
     w.stats(false);
     let r = w.flush();
@@ -378,6 +403,7 @@ fn write_out(t: &Tracer, final_: bool) {
         std::thread::yield_now();
         w = lock(&t.writer);
     }
+    let _ = w.release(true);
     if let Some(why) = DISABLED_WHY.lock().unwrap_or_else(|e| e.into_inner()).take() {
         w.notice(&format!("tracing stopped early: {why}"));
     }
@@ -397,6 +423,7 @@ extern "C" fn in_forked_child() {
         unsafe { libc::close((*old).fd) };
     }
     IN_FLIGHT.store(0, SeqCst);
+    SEQ.store(0, SeqCst); // the child's writer expects its numbers from 0
     WARNED.store(false, SeqCst);
     STATE.store(UNINIT, SeqCst);
 }

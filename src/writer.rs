@@ -2,7 +2,7 @@
 //! the module map current, encodes with the format crate and writes the file. Runs on the
 //! writer thread, or on the exiting thread once the writer thread is done.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -41,7 +41,19 @@ pub struct Writer {
     pub events: u64,
     pub dropped: u64,
     last_flush: Instant,
+    /// Messages that arrived ahead of their turn, by sequence number (see `tracer::next_seq`).
+    pending: BTreeMap<u64, Msg>,
+    /// The sequence number to write next.
+    next_seq: u64,
+    /// Since when the next number has been missing (a thread between numbering and hand-over).
+    gap_since: Option<Instant>,
 }
+
+/// A missing number is waited for this long, or while fewer than `MAX_PENDING` messages queue
+/// behind it; then the writer goes on without it (it comes later, out of order, or never: a
+/// thread that stopped tracing after numbering its call).
+const GAP_WAIT: Duration = Duration::from_millis(2);
+const MAX_PENDING: usize = 65536;
 
 impl Writer {
     /// Writes the header, the process, the hook table and the current module map.
@@ -62,6 +74,9 @@ impl Writer {
             events: 0,
             dropped: 0,
             last_flush: Instant::now(),
+            pending: BTreeMap::new(),
+            next_seq: 0,
+            gap_since: None,
         };
         w.put(&Record::Process(process_info(start_ns, config)));
         for (&id, hook) in ALL.iter().zip(HOOKS) {
@@ -77,7 +92,41 @@ impl Writer {
         Ok(w)
     }
 
-    pub fn message(&mut self, msg: Msg) -> io::Result<()> {
+    /// Takes a message in arrival order and writes whatever is now next in call order.
+    pub fn message(&mut self, mut msg: Msg) -> io::Result<()> {
+        // Code objects are described in arrival order: a later-numbered event that arrived
+        // earlier may be the one that describes a code object an earlier-numbered one uses.
+        if let Msg::Event(RawEvent { py: Some(py), .. }) = &mut msg {
+            let codes = std::mem::take(&mut py.new_codes);
+            self.write_codes(codes);
+        }
+        let seq = msg.seq();
+        if seq < self.next_seq {
+            return self.write_msg(msg); // its gap was given up on: late, but not lost
+        }
+        self.pending.insert(seq, msg);
+        self.release(false)
+    }
+
+    /// Writes pending messages in call order. `all`: also past gaps (exit, fatal signal).
+    pub fn release(&mut self, all: bool) -> io::Result<()> {
+        while let Some(&first) = self.pending.keys().next() {
+            if first != self.next_seq {
+                let waited = self.gap_since.get_or_insert_with(Instant::now).elapsed();
+                if !all && waited < GAP_WAIT && self.pending.len() < MAX_PENDING {
+                    return Ok(());
+                }
+            }
+            let msg = self.pending.remove(&first).expect("first key exists");
+            self.next_seq = first + 1;
+            self.gap_since = None;
+            self.write_msg(msg)?;
+        }
+        self.gap_since = None;
+        Ok(())
+    }
+
+    fn write_msg(&mut self, msg: Msg) -> io::Result<()> {
         match msg {
             Msg::Event(ev) => self.event(ev),
             Msg::Phase(p) => {
@@ -164,7 +213,25 @@ impl Writer {
 
     /// Writes the code objects seen for the first time, then the stack (once); returns its id.
     fn intern_py(&mut self, py: crate::python::PyCapture) -> u32 {
-        for c in py.new_codes {
+        self.write_codes(py.new_codes);
+        if py.frames.is_empty() {
+            return 0;
+        }
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for f in &py.frames {
+            h = (h ^ f.code ^ f.sig.rotate_left(17) ^ ((f.instr as u64) << 8 | f.flags as u64)).wrapping_mul(0x0100_0000_01b3);
+        }
+        if let Some(id) = self.py_raw.get(&h).and_then(|v| v.iter().find(|(raw, _)| *raw == py.frames)).map(|(_, id)| *id) {
+            return id;
+        }
+        let id = self.py_stack_id(&py.frames);
+        self.py_raw.entry(h).or_default().push((py.frames, id));
+        id
+    }
+
+    /// PyCode records for code objects not described yet.
+    fn write_codes(&mut self, codes: Vec<crate::python::CodeInfo>) {
+        for c in codes {
             if self.py_codes.contains_key(&(c.code, c.sig)) {
                 continue;
             }
@@ -180,19 +247,6 @@ impl Writer {
                 linetable: c.linetable,
             }));
         }
-        if py.frames.is_empty() {
-            return 0;
-        }
-        let mut h = 0xcbf2_9ce4_8422_2325u64;
-        for f in &py.frames {
-            h = (h ^ f.code ^ f.sig.rotate_left(17) ^ ((f.instr as u64) << 8 | f.flags as u64)).wrapping_mul(0x0100_0000_01b3);
-        }
-        if let Some(id) = self.py_raw.get(&h).and_then(|v| v.iter().find(|(raw, _)| *raw == py.frames)).map(|(_, id)| *id) {
-            return id;
-        }
-        let id = self.py_stack_id(&py.frames);
-        self.py_raw.entry(h).or_default().push((py.frames, id));
-        id
     }
 
     fn py_stack_id(&mut self, raw: &[crate::python::RawPyFrame]) -> u32 {
@@ -269,6 +323,7 @@ impl Writer {
     }
 
     pub fn flush_if_due(&mut self) -> io::Result<()> {
+        self.release(false)?; // a gap that has lasted long enough is given up on here
         if !self.buf.is_empty() && self.last_flush.elapsed() >= FLUSH_INTERVAL {
             self.flush()
         } else {

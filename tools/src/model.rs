@@ -269,6 +269,11 @@ impl Trace {
             });
         }
 
+        // Allocations displaced at their address and never freed: the trace missed a free.
+        let displaced: Vec<GroupKey> = replay.displaced.values().flatten().map(|l| l.key).collect();
+        for key in displaced {
+            replay.group(key).double_allocs += 1;
+        }
         let keys: Vec<GroupKey> = replay.groups.keys().copied().collect();
         for key in keys {
             replay.group(key).leak_stacks = replay.by_stack(key);
@@ -340,12 +345,20 @@ struct Live {
     key: GroupKey,
     size: u64,
     stack: u32,
+    /// When the allocation returned (its event's time).
+    time_ns: u64,
 }
 
 /// The replay state machine, shared by both passes so that they agree.
 #[derive(Default)]
 struct Replay {
     live: HashMap<(u8, u64), Live>,
+    /// Allocations whose address was handed out again before their free reached the trace.
+    /// Threads record in parallel: thread A frees X, thread B gets X back, and B's event can be
+    /// written before A's (when the writer stopped waiting for A). A free's time is taken before
+    /// its call and an allocation's after, so a free older than the live allocation at its
+    /// address belongs to the allocation it displaced.
+    displaced: HashMap<(u8, u64), Vec<Live>>,
     groups: BTreeMap<GroupKey, Group>,
     devices: BTreeMap<i32, DeviceTotal>,
     failures: Vec<Failure>,
@@ -382,10 +395,11 @@ impl Replay {
                     key,
                     size: e.size,
                     stack: e.stack,
+                    time_ns: e.time_ns,
                 };
                 if let Some(old) = self.live.insert((ns, e.addr), entry) {
-                    self.release(&old);
-                    self.group(key).double_allocs += 1;
+                    // Still live until its own free arrives (or a leak, if it never does).
+                    self.displaced.entry((ns, e.addr)).or_default().push(old);
                 }
                 let ordinal = self.ordinal;
                 let g = self.group(key);
@@ -429,7 +443,7 @@ impl Replay {
             }
             // cudaFree(NULL) is a documented no-op, commonly used to create the context.
             (Op::Free, true) if e.addr == 0 => {}
-            (Op::Free, true) => match self.live.remove(&(ns, e.addr)) {
+            (Op::Free, true) => match self.take_freed(ns, e) {
                 // The freed entry says what was freed: cudaFree also frees managed memory.
                 Some(old) => {
                     self.release(&old);
@@ -439,6 +453,25 @@ impl Replay {
             },
             (Op::Free, false) => self.bad_free(api, e),
         }
+    }
+
+    /// The allocation a successful free at `e.addr` frees: the live one, or, for a free older
+    /// than it, the newest allocation it displaced (see `displaced`).
+    fn take_freed(&mut self, ns: u8, e: &Event) -> Option<Live> {
+        let k = (ns, e.addr);
+        let older_than_live = self.live.get(&k).is_none_or(|l| e.time_ns < l.time_ns);
+        if older_than_live {
+            if let Some(v) = self.displaced.get_mut(&k) {
+                let old = v.pop();
+                if v.is_empty() {
+                    self.displaced.remove(&k);
+                }
+                if old.is_some() {
+                    return old;
+                }
+            }
+        }
+        self.live.remove(&k)
     }
 
     fn release(&mut self, old: &Live) {
@@ -470,7 +503,7 @@ impl Replay {
     /// The live entries of one group, by stack, largest first.
     fn by_stack(&self, key: GroupKey) -> Vec<StackUse> {
         let mut by: HashMap<u32, StackUse> = HashMap::new();
-        for l in self.live.values().filter(|l| l.key == key) {
+        for l in self.live.values().chain(self.displaced.values().flatten()).filter(|l| l.key == key) {
             let u = by.entry(l.stack).or_insert(StackUse {
                 stack: l.stack,
                 bytes: 0,
@@ -799,22 +832,37 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn double_alloc_replaces_the_live_entry() {
+    fn a_free_written_after_its_address_was_reused_frees_the_older_allocation() {
+        // Thread A allocates X at t=1 and frees it at t=2 (time taken before the real free);
+        // thread B gets X back at t=3, and B's event reaches the trace before A's free.
+        let mut b = TraceBuilder::new();
+        b.ok(MALLOC, 1, 0x1000, 100, 1).ok(MALLOC, 3, 0x1000, 40, 2).ok(FREE, 2, 0x1000, 0, 3);
+        let t = b.load();
+        let g = &t.groups[&key(0, MemKind::Device)];
+        assert_eq!((g.allocations, g.frees, g.double_allocs, g.live_bytes, g.live_count), (2, 1, 0, 40, 1));
+        assert_eq!(g.leak_stacks, uses(&[(2, 40, 1)]));
+        assert!(t.bad_frees.is_empty());
+
+        // The same, with B's own free reaching the trace before A's late one.
+        let mut b = TraceBuilder::new();
+        b.ok(MALLOC, 1, 0x1000, 100, 1)
+            .ok(MALLOC, 3, 0x1000, 40, 2)
+            .ok(FREE, 4, 0x1000, 0, 3)
+            .ok(FREE, 2, 0x1000, 0, 3);
+        let t = b.load();
+        let g = &t.groups[&key(0, MemKind::Device)];
+        assert_eq!((g.frees, g.live_bytes, g.live_count), (2, 0, 0));
+        assert!(t.bad_frees.is_empty());
+    }
+
+    #[test]
+    fn an_address_allocated_twice_without_a_free_keeps_both_and_says_so() {
         let mut b = TraceBuilder::new();
         b.ok(MALLOC, 1, 0x1000, 100, 1).ok(MALLOC, 2, 0x1000, 40, 2);
         let t = b.load();
         let g = &t.groups[&key(0, MemKind::Device)];
-        assert_eq!(
-            (
-                g.allocations,
-                g.double_allocs,
-                g.live_bytes,
-                g.live_count,
-                g.peak_bytes
-            ),
-            (2, 1, 40, 1, 100)
-        );
-        assert_eq!(g.leak_stacks, uses(&[(2, 40, 1)]));
+        assert_eq!((g.allocations, g.double_allocs, g.live_bytes, g.live_count, g.peak_bytes), (2, 1, 140, 2, 140));
+        assert_eq!(g.leak_stacks, uses(&[(1, 100, 1), (2, 40, 1)]));
     }
 
     #[test]

@@ -52,7 +52,9 @@ struct Source {
     reader: Reader<BufReader<File>>,
     apis: HashMap<u32, Api>,
     next: Option<Event>,
-    live: HashMap<(u8, u64), (i32, u64)>,
+    /// (device, size, time) by address; `displaced` as in the model's replay.
+    live: HashMap<(u8, u64), (i32, u64, u64)>,
+    displaced: HashMap<(u8, u64), Vec<(i32, u64, u64)>>,
     peaks: BTreeMap<i32, u64>,
     device_live: BTreeMap<i32, u64>,
     rank: Option<u32>,
@@ -70,6 +72,7 @@ impl Source {
             apis: HashMap::new(),
             next: None,
             live: HashMap::new(),
+            displaced: HashMap::new(),
             peaks: BTreeMap::new(),
             device_live: BTreeMap::new(),
             rank: None,
@@ -116,13 +119,22 @@ impl Source {
         let ns = namespace(api.kind);
         let changed = match api.op {
             Op::Alloc if occupies_gpu(api.kind) => {
-                self.live.insert((ns, e.addr), (e.device, e.size));
+                if let Some(old) = self.live.insert((ns, e.addr), (e.device, e.size, e.time_ns)) {
+                    self.displaced.entry((ns, e.addr)).or_default().push(old);
+                }
                 *self.device_live.entry(e.device).or_default() += e.size;
                 Some(e.device)
             }
             Op::Alloc => None,
             Op::Free => {
-                let (device, size) = self.live.remove(&(ns, e.addr))?;
+                // A free older than the live allocation at its address frees the one it displaced.
+                let k = (ns, e.addr);
+                let older = self.live.get(&k).is_none_or(|l| e.time_ns < l.2);
+                let freed = match self.displaced.get_mut(&k).filter(|_| older).and_then(|v| v.pop()) {
+                    Some(old) => Some(old),
+                    None => self.live.remove(&k),
+                };
+                let (device, size, _) = freed?;
                 *self.device_live.entry(device).or_default() -= size;
                 Some(device)
             }
