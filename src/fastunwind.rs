@@ -60,9 +60,10 @@ struct Snapshot {
 }
 
 impl Snapshot {
-    fn is_code(&self, a: u64) -> bool {
+    /// The executable segment holding `a`.
+    fn code_range(&self, a: u64) -> Option<(u64, u64)> {
         let i = self.code.partition_point(|&(s, _)| s <= a);
-        i > 0 && a < self.code[i - 1].1
+        (i > 0 && a < self.code[i - 1].1).then(|| self.code[i - 1])
     }
 }
 
@@ -111,12 +112,20 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)]) -> Result
                 let regs = UnwindRegsX86_64::new(pc, sp, bp);
                 let mut it = snap.unwinder.iter_frames(pc, regs, &mut **cache, &mut read);
                 let mut in_tracer = true;
+                // Neighbouring frames are mostly in the same object: check its range first.
+                let mut last = (0u64, 0u64);
                 loop {
                     let addr = match it.next() {
                         Ok(Some(f)) => f.address(),
                         Ok(None) | Err(_) => break,
                     };
-                    let known = snap.is_code(addr);
+                    let known = (addr >= last.0 && addr < last.1) || match snap.code_range(addr) {
+                        Some(r) => {
+                            last = r;
+                            true
+                        }
+                        None => false,
+                    };
                     if !known && !rebuilt && loader_changed(snap) {
                         // A library loaded since the snapshot: re-read the objects and start over.
                         rebuilt = true;
