@@ -354,7 +354,13 @@ pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     }
     // SAFETY: `p` is the next definition of dlclose.
     let r = unsafe { std::mem::transmute::<*mut c_void, DlcloseFn>(p)(handle) };
-    STALE.store(true, SeqCst);
+    // Most calls only drop a reference (our own RTLD_NOLOAD lookups included): stale only when
+    // the loader really unloaded something since the snapshot.
+    let snap = SNAPSHOT.load(Acquire);
+    // SAFETY: snapshots are leaked, never freed.
+    if !snap.is_null() && unsafe { (*snap).subs } != loader_counters().1 {
+        STALE.store(true, SeqCst);
+    }
     r
 }
 
