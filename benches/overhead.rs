@@ -31,7 +31,7 @@ fn main() {
     std::fs::create_dir_all(&scratch).unwrap();
 
     let reps: usize = std::env::var("BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    let run = |threads: u32, pairs: u32, depth: u32, frames: Option<u32>| -> HashMap<String, u64> {
+    let run_with = |threads: u32, pairs: u32, depth: u32, frames: Option<u32>, unwinder: &str| -> HashMap<String, u64> {
         // Median of `reps` runs, by wall time.
         let mut results: Vec<HashMap<String, u64>> = (0..reps)
             .map(|_| {
@@ -40,7 +40,8 @@ fn main() {
                 if let Some(f) = frames {
                     cmd.env("LD_PRELOAD", &shim)
                         .env("GPUMEMTRACE_OUTPUT", format!("{}/", scratch.display()))
-                        .env("GPUMEMTRACE_FRAMES", f.to_string());
+                        .env("GPUMEMTRACE_FRAMES", f.to_string())
+                        .env("GPUMEMTRACE_UNWINDER", unwinder);
                 }
                 let out = cmd.output().unwrap();
                 assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -62,18 +63,20 @@ fn main() {
         results.swap_remove(reps / 2)
     };
 
+    let run = |threads: u32, pairs: u32, depth: u32, frames: Option<u32>| run_with(threads, pairs, depth, frames, "fast");
+
     let only_python = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "python");
     if !only_python {
     println!("## Per call: cuMemAlloc_v2 latency, 1 thread, 200000 alloc/free pairs (median of {reps} runs)\n");
-    println!("| stack depth of the caller | frames recorded | p50 ns | p99 ns | added p50 ns | wall ratio |");
-    println!("|---|---|---|---|---|---|");
+    println!("| stack depth of the caller | frames recorded | unwinder | p50 ns | p99 ns | added p50 ns | wall ratio |");
+    println!("|---|---|---|---|---|---|---|");
     for depth in [0u32, 30, 60] {
         let base = run(1, 200_000, depth, None);
-        println!("| {depth} | untraced | {} | {} | - | 1.00 |", base["alloc_p50_ns"], base["alloc_p99_ns"]);
-        for frames in [0u32, 32, 64] {
-            let t = run(1, 200_000, depth, Some(frames));
+        println!("| {depth} | untraced | - | {} | {} | - | 1.00 |", base["alloc_p50_ns"], base["alloc_p99_ns"]);
+        for (frames, unwinder) in [(0u32, "-"), (32, "fast"), (64, "fast"), (64, "backtrace")] {
+            let t = run_with(1, 200_000, depth, Some(frames), if unwinder == "-" { "fast" } else { unwinder });
             println!(
-                "| {depth} | {frames} | {} | {} | {} | {:.2} |",
+                "| {depth} | {frames} | {unwinder} | {} | {} | {} | {:.2} |",
                 t["alloc_p50_ns"],
                 t["alloc_p99_ns"],
                 t["alloc_p50_ns"] as i64 - base["alloc_p50_ns"] as i64,

@@ -17,6 +17,8 @@
 mod config;
 mod crash;
 mod exec;
+#[cfg(target_arch = "x86_64")]
+mod fastunwind;
 mod cuda;
 mod guard;
 mod hotpath;

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, 
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError};
 
 use crate::config::Config;
-use crate::writer::{Writer, FLUSH_INTERVAL};
+use crate::writer::Writer;
 
 const UNINIT: u8 = 0;
 const STARTING: u8 = 1;
@@ -25,6 +25,8 @@ const OFF: u8 = 4;
 /// Queue length between the hooks and the writer. When full, hooks wait (back-pressure):
 /// dropping events would corrupt live-memory accounting.
 const QUEUE: usize = 4096;
+/// How long the writer sleeps when the queue is empty (well under `writer::FLUSH_INTERVAL`).
+const WRITER_POLL: Duration = Duration::from_micros(500);
 
 /// What the hooks hand to the writer, in order.
 pub enum Msg {
@@ -77,7 +79,7 @@ pub struct RawEvent {
     pub size: u64,
     pub stream: u64,
     pub extra: u64,
-    pub frames: Vec<u64>,
+    pub frames: crate::unwind::Stack,
     /// The calling thread's Python stack; `None` when no supported interpreter runs.
     pub py: Option<Box<crate::python::PyCapture>>,
     /// The thread's name, on its first event.
@@ -111,6 +113,13 @@ static SUBMITTED: AtomicU64 = AtomicU64::new(0);
 static FLUSH_REQUESTED: AtomicU64 = AtomicU64::new(0);
 static FLUSH_DONE: AtomicU64 = AtomicU64::new(0);
 static FATAL_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+/// Counts tracer starts (a forked child starts its own): per-thread stack keys are per start.
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+
+pub fn epoch() -> u64 {
+    EPOCH.load(SeqCst)
+}
 
 pub fn now_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -260,6 +269,7 @@ fn open(config: &Config) -> Result<Tracer, String> {
     let writer = Writer::create(file, path.clone(), now_ns(), config, early)
         .map_err(|e| format!("cannot write trace file {}: {e}", path.display()))?;
     let (tx, rx) = bounded(QUEUE);
+    EPOCH.fetch_add(1, SeqCst);
     TEST_PANIC_AT.store(config.test_panic_at, SeqCst);
     let writer_delay = Duration::from_micros(config.test_writer_delay_us);
     Ok(Tracer { tx, rx, writer: Mutex::new(writer), writer_delay, fd })
@@ -282,6 +292,9 @@ fn spawn_writer() -> std::io::Result<()> {
 fn writer_loop() {
     crate::guard::Guard::forbid_on_this_thread();
     let Some(t) = tracer() else { return };
+    // Idle, the poll backs off (a process that stops allocating should not pay for wake-ups);
+    // it stays short enough that events reach the file within the flush interval.
+    let mut idle_sleep = WRITER_POLL;
     loop {
         match STATE.load(SeqCst) {
             RUNNING => {}
@@ -295,8 +308,16 @@ fn writer_loop() {
         if !t.writer_delay.is_zero() {
             std::thread::sleep(t.writer_delay);
         }
+        // Poll rather than block: a receiver parked in the channel makes every send a futex
+        // wake-up (microseconds on the hook's thread); a sleeping poller costs the hooks nothing.
+        if t.rx.is_empty() {
+            std::thread::sleep(idle_sleep);
+            idle_sleep = (idle_sleep * 2).min(crate::writer::FLUSH_INTERVAL / 2);
+        } else {
+            idle_sleep = WRITER_POLL;
+        }
         let mut w = lock(&t.writer);
-        let r = match t.rx.recv_timeout(FLUSH_INTERVAL) {
+        let r = match t.rx.try_recv() {
             Ok(msg) => {
                 let mut r = w.message(msg);
                 // Batch whatever else is queued, under the same lock.
@@ -305,8 +326,8 @@ fn writer_loop() {
                 }
                 r.and_then(|_| w.flush_if_due())
             }
-            Err(RecvTimeoutError::Timeout) => w.flush_if_due(),
-            Err(RecvTimeoutError::Disconnected) => return,
+            Err(TryRecvError::Empty) => w.flush_if_due(),
+            Err(TryRecvError::Disconnected) => return,
         };
         let r = r.and_then(|_| serve_flush_request(t, &mut w));
         if let Err(e) = r {

@@ -1,6 +1,9 @@
 //! Native stack capture: raw return addresses, innermost first, without our own frames.
 //! Symbolization happens later, in the CLI.
 
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+
 use once_cell::sync::OnceCell;
 
 /// Address range of this library's segments, to drop the tracer's own frames.
@@ -8,7 +11,7 @@ static OURS: OnceCell<Vec<(u64, u64)>> = OnceCell::new();
 
 fn ours() -> &'static [(u64, u64)] {
     OURS.get_or_init(|| {
-        let here = capture as fn(usize) -> Vec<u64> as usize as u64;
+        let here = capture as fn(usize) -> Stack as usize as u64;
         crate::modules::loaded_objects()
             .into_iter()
             .find(|o| o.contains(here))
@@ -17,13 +20,113 @@ fn ours() -> &'static [(u64, u64)] {
     })
 }
 
-/// Up to `max` caller frames of the current call.
-pub fn capture(max: usize) -> Vec<u64> {
-    let mut frames = Vec::with_capacity(max);
-    if max == 0 {
-        return frames;
+/// Which unwinder: `GPUMEMTRACE_UNWINDER=fast` (default; cached DWARF rules, src/fastunwind.rs)
+/// or `backtrace` (libgcc through the `backtrace` crate: the reference, ~100 ns a frame).
+fn use_fast() -> bool {
+    // 0: not read yet, 1: fast, 2: backtrace.
+    static MODE: AtomicU8 = AtomicU8::new(0);
+    match MODE.load(Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let slow = std::env::var_os("GPUMEMTRACE_UNWINDER").is_some_and(|v| v == "backtrace");
+            let fast = cfg!(target_arch = "x86_64") && !slow;
+            MODE.store(if fast { 1 } else { 2 }, Relaxed);
+            fast
+        }
     }
+}
+
+/// A captured stack as the hot path hands it over: `key` names it (a 64-bit hash of its frames,
+/// 0 for no frames); `frames` holds the frames only the first time this thread sends that key
+/// in this tracer's life (empty afterwards: the writer already knows the key). So the warm path
+/// allocates nothing and the writer hashes nothing.
+pub struct Stack {
+    pub key: u64,
+    pub frames: Vec<u64>,
+}
+
+/// Keys this thread has sent: a direct-mapped set (a lost slot only means frames are sent again).
+const SEEN: usize = 1024;
+
+struct PerThread {
+    scratch: Vec<u64>,
+    seen: Box<[u64; SEEN]>,
+    /// The tracer start (`tracer::epoch`) the set belongs to: a forked child's new writer knows
+    /// none of the parent's keys.
+    epoch: u64,
+}
+
+thread_local! {
+    static PER_THREAD: RefCell<Option<PerThread>> = const { RefCell::new(None) };
+}
+
+/// Up to `max` caller frames of the current call, interned per thread.
+pub fn capture(max: usize) -> Stack {
+    if max == 0 {
+        return Stack { key: 0, frames: Vec::new() };
+    }
+    let epoch = crate::tracer::epoch();
+    let r = PER_THREAD.try_with(|p| {
+        let Ok(mut p) = p.try_borrow_mut() else { return None };
+        let p = p.get_or_insert_with(|| PerThread { scratch: Vec::with_capacity(max), seen: Box::new([0; SEEN]), epoch });
+        if p.epoch != epoch {
+            p.seen.fill(0);
+            p.epoch = epoch;
+        }
+        capture_into(&mut p.scratch, max);
+        let key = hash(&p.scratch);
+        if key == 0 {
+            return Some(Stack { key, frames: Vec::new() });
+        }
+        let slot = &mut p.seen[(key % SEEN as u64) as usize];
+        if *slot == key {
+            return Some(Stack { key, frames: Vec::new() });
+        }
+        *slot = key;
+        Some(Stack { key, frames: p.scratch.clone() })
+    });
+    match r {
+        Ok(Some(s)) => s,
+        _ => {
+            // Thread teardown (or reentry): no per-thread state, send everything.
+            let mut frames = Vec::with_capacity(max);
+            capture_into(&mut frames, max);
+            Stack { key: hash(&frames), frames }
+        }
+    }
+}
+
+/// 64-bit hash of a stack (0 only for no frames): a multiply-fold mix per frame.
+pub fn hash(frames: &[u64]) -> u64 {
+    if frames.is_empty() {
+        return 0;
+    }
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mix = |a: u64, b: u64| {
+        let m = (a as u128).wrapping_mul(b as u128);
+        (m as u64) ^ ((m >> 64) as u64)
+    };
+    let mut h = frames.len() as u64 ^ 0x243F_6A88_85A3_08D3;
+    for &f in frames {
+        h = mix(h ^ f, K);
+    }
+    let h = mix(h, 0xD6E8_FEB8_6659_FD93);
+    if h == 0 {
+        1
+    } else {
+        h
+    }
+}
+
+fn capture_into(frames: &mut Vec<u64>, max: usize) {
+    frames.clear();
     let ours = ours();
+    #[cfg(target_arch = "x86_64")]
+    if use_fast() && crate::fastunwind::capture(frames, max, ours).is_ok() {
+        return;
+    }
+    frames.clear();
     let mut in_tracer = true;
     // SAFETY: `trace_unsynchronized` is unsafe only because it takes no lock of its own around
     // the unwinder; libgcc's `_Unwind_Backtrace` is thread-safe (glibc >= 2.35 finds unwind
@@ -34,10 +137,12 @@ pub fn capture(max: usize) -> Vec<u64> {
             if in_tracer && ours.iter().any(|&(s, e)| ip >= s && ip < e) {
                 return true;
             }
+            if ip == 0 {
+                return false; // libgcc's end of a thread's stack: nothing to record
+            }
             in_tracer = false;
             frames.push(ip);
             frames.len() < max
         });
     }
-    frames
 }

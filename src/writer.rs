@@ -3,6 +3,7 @@
 //! writer thread, or on the exiting thread once the writer thread is done.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -14,6 +15,24 @@ use crate::config::Config;
 use crate::modules::{loaded_objects, Object};
 use crate::table::{ALL, HOOKS};
 use crate::tracer::{Msg, RawEvent, RawPhase};
+use crate::unwind::Stack;
+
+/// The identity hash, for keys that are hashes already.
+#[derive(Default)]
+struct KeyHasher(u64);
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ b as u64;
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
 
 /// How long recorded events may sit in memory: bounds what a SIGKILL can lose.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(10);
@@ -25,7 +44,8 @@ pub struct Writer {
     enc: Encoder,
     buf: Vec<u8>,
     start_ns: u64,
-    stacks: HashMap<Vec<u64>, u32>,
+    /// Stack ids by the hot path's key (`unwind::Stack`): already a hash, not hashed again.
+    stacks: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
     /// Python code objects written, by (address, signature): see `python.rs`.
     py_codes: HashMap<(u64, u64), u32>,
     py_stacks: HashMap<Vec<fmt::PyFrame>, u32>,
@@ -64,7 +84,7 @@ impl Writer {
             enc: Encoder::new(),
             buf: fmt::header().to_vec(),
             start_ns,
-            stacks: HashMap::new(),
+            stacks: HashMap::default(),
             py_codes: HashMap::new(),
             py_stacks: HashMap::new(),
             py_raw: HashMap::new(),
@@ -178,12 +198,16 @@ impl Writer {
         Ok(())
     }
 
-    fn intern(&mut self, frames: Vec<u64>) -> u32 {
-        if frames.is_empty() {
+    fn intern(&mut self, stack: Stack) -> u32 {
+        if stack.key == 0 {
             return 0;
         }
-        if let Some(&id) = self.stacks.get(&frames) {
+        if let Some(&id) = self.stacks.get(&stack.key) {
             return id;
+        }
+        let frames = stack.frames;
+        if frames.is_empty() {
+            return 0; // its first event was lost (counted as dropped)
         }
         // A new stack may run through a library loaded since the last scan.
         if frames.iter().any(|&a| !self.mapped(a)) {
@@ -195,8 +219,8 @@ impl Writer {
             }
         }
         let id = self.stacks.len() as u32 + 1;
-        self.put(&Record::Stack(fmt::Stack { id, frames: frames.clone() }));
-        self.stacks.insert(frames, id);
+        self.put(&Record::Stack(fmt::Stack { id, frames }));
+        self.stacks.insert(stack.key, id);
         id
     }
 
