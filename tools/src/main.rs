@@ -6,6 +6,7 @@ mod report;
 mod run;
 mod sites;
 mod symbolize;
+mod timeseries;
 mod units;
 
 use std::ffi::OsString;
