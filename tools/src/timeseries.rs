@@ -48,6 +48,7 @@ pub enum StepKind {
 
 /// One replayed event, for exporters.
 #[derive(Clone, Debug)]
+#[allow(dead_code)] // the fields exporters may use
 pub struct Step<'a> {
     pub kind: StepKind,
     pub time_ns: u64,
