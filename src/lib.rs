@@ -18,6 +18,7 @@ mod cuda;
 mod guard;
 mod hotpath;
 mod modules;
+mod nvtx;
 mod output;
 mod phases;
 mod resolve;
