@@ -8,8 +8,11 @@
  *             gradient allocated and freed
  *   optimizer (nvtxRangePushA):   4 MiB state leaked each epoch
  * Setup (mark "setup"): 64 MiB weights, never freed. Finally, in range "eval", a 4 GiB
- * allocation fails (the emulated device has 1 GiB).
+ * allocation fails (the emulated device has 1 GiB). Each phase lasts a few milliseconds
+ * (usleep) so that pictures of the run look like a run.
  */
+#include <unistd.h>
+
 #include "cuda_runtime.h"
 #include "mini_nvtx.h"
 #include "testlog.h"
@@ -30,6 +33,7 @@ static void attention(void)
     nvtxEventAttributes_t a = {3, sizeof(nvtxEventAttributes_t), 0, 0, 0, 0, 0, 0, NVTX_MESSAGE_TYPE_ASCII, "attention"};
     nvtxRangePushEx(&a);
     ALLOC("cudaMalloc", "device", cudaMalloc(&p, 8 * MiB), p, 8 * MiB, 0, 0);
+    usleep(1500);
     FREE("cudaFree", "device", cudaFree(p), p, 0);
     nvtxRangePop();
 }
@@ -42,7 +46,9 @@ static void forward(void)
         act[i] = NULL;
         ALLOC("cudaMalloc", "device", cudaMalloc(&act[i], 16 * MiB), act[i], 16 * MiB, 0, 0);
     }
+    usleep(2000);
     attention();
+    usleep(1000);
     nvtxRangePop();
 }
 
@@ -54,8 +60,11 @@ static void backward(const void *name)
     nvtxDomainRangePushEx(NULL, &a);
     for (i = 0; i < 3; i++)
         FREE("cudaFree", "device", cudaFree(act[i]), act[i], 0);
+    usleep(1000);
     ALLOC("cudaMalloc", "device", cudaMalloc(&grad, 32 * MiB), grad, 32 * MiB, 0, 0);
+    usleep(3000);
     FREE("cudaFree", "device", cudaFree(grad), grad, 0);
+    usleep(500);
     nvtxDomainRangePop(NULL);
 }
 
@@ -64,6 +73,7 @@ static void optimizer(void)
     void *state = NULL;
     nvtxRangePushA("optimizer");
     ALLOC("cudaMalloc", "device", cudaMalloc(&state, 4 * MiB), state, 4 * MiB, 0, 0); /* leaked */
+    usleep(1500);
     nvtxRangePop();
 }
 
@@ -76,6 +86,7 @@ int main(void)
 
     mark("setup");
     ALLOC("cudaMalloc", "device", cudaMalloc(&weights, 64 * MiB), weights, 64 * MiB, 0, 0);
+    usleep(2000);
     for (epoch = 1; epoch <= 2; epoch++) {
         snprintf(name, sizeof name, "epoch %d", epoch);
         mark(name);
@@ -84,6 +95,8 @@ int main(void)
         optimizer();
     }
     nvtxMarkA("eval");
+    usleep(2000);
     ALLOC("cudaMalloc", "device", cudaMalloc(&huge, 4096 * MiB), huge, 4096 * MiB, 0, 2);
+    usleep(1000);
     return 0;
 }

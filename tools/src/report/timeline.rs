@@ -31,8 +31,8 @@ pub fn kind_color(kind: MemKind) -> &'static str {
     }
 }
 
-const PHASE_COLORS: [&str; 6] = [
-    "#fde2b8", "#cfe8d5", "#d6e0f5", "#f3d1dc", "#e4dcf1", "#f1ecc8",
+const PHASE_COLORS: [&str; 8] = [
+    "#fde2b8", "#cfe8d5", "#d6e0f5", "#f3d1dc", "#e4dcf1", "#f1ecc8", "#d3eef0", "#e9e9e9",
 ];
 
 fn esc(s: &str) -> String {
@@ -131,19 +131,30 @@ pub fn render(trace: &Trace, device: Option<i32>, html: bool) -> String {
 
     // Phases to shade: marks and outermost ranges.
     let shaded: Vec<_> = trace.ext.spans.iter().filter(|p| p.depth == 0).collect();
-    let mut phase_color: Vec<&str> = Vec::new();
-    let color_of = |name: &str, names: &mut Vec<&str>| -> &'static str {
-        let _ = names;
-        let h = name
-            .bytes()
-            .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32));
-        PHASE_COLORS[h as usize % PHASE_COLORS.len()]
+    // Colours by order of first appearance, so that neighbours differ.
+    let mut phase_names: Vec<&str> = Vec::new();
+    for p in &shaded {
+        if !phase_names.contains(&p.name.as_str()) {
+            phase_names.push(&p.name);
+        }
+    }
+    let color_of = |name: &str| {
+        let i = phase_names.iter().position(|n| *n == name).unwrap_or(0);
+        PHASE_COLORS[i % PHASE_COLORS.len()]
     };
 
     let mut panels = Vec::new();
     for (i, (key, g)) in groups.iter().enumerate() {
         let series = &trace.ext.series[*key];
-        let points: Vec<(u64, u64, u64, u64)> = series.points();
+        // Flat stretches (empty buckets carry the value forward) collapse into one point.
+        let mut points: Vec<(u64, u64, u64, u64)> = Vec::new();
+        for p in series.points() {
+            let flat = p.1 == p.3 && p.2 == p.3;
+            if flat && points.last().is_some_and(|q| q.3 == p.3) {
+                continue;
+            }
+            points.push(p);
+        }
         let ymax_data = points.iter().map(|p| p.2).max().unwrap_or(0).max(g.peak_bytes).max(1);
         let step = byte_step(ymax_data);
         let ymax = ymax_data.div_ceil(step).max(1) * step;
@@ -190,9 +201,13 @@ pub fn render(trace: &Trace, device: Option<i32>, html: bool) -> String {
             let w = (x_of(p.end_ns) - x0).max(0.5);
             let _ = writeln!(
                 s,
-                r##"<rect class="phase" data-name="{}" x="{x0:.2}" y="0" width="{w:.2}" height="{PANEL_H}" fill="{}" fill-opacity="0.75"><title>{} ({} to {})</title></rect>"##,
+                r##"<rect class="phase" data-name="{}" data-mark="{}" x="{x0:.2}" y="{}" width="{w:.2}" height="{}" fill="{}" fill-opacity="{}"><title>{} ({} to {})</title></rect>"##,
                 esc(&p.name),
-                color_of(&p.name, &mut phase_color),
+                p.mark,
+                if p.mark { 0.0 } else { 18.0 },
+                if p.mark { 18.0 } else { PANEL_H - 18.0 },
+                color_of(&p.name),
+                if p.mark { 0.95 } else { 0.6 },
                 esc(&p.name),
                 seconds(p.start_ns),
                 seconds(p.end_ns)
@@ -216,10 +231,12 @@ pub fn render(trace: &Trace, device: Option<i32>, html: bool) -> String {
                 y_of(last)
             );
         }
-        let xe = points
-            .last()
-            .map_or(0.0, |p| x_of(p.0 + series.bucket_ns).min(PLOT_W));
-        let _ = write!(area, " L{xe:.2},{PANEL_H} Z");
+        // The last value holds until the end of the trace.
+        if let Some(&(_, _, _, last)) = points.last() {
+            let _ = write!(area, " L{PLOT_W:.2},{:.2}", y_of(last));
+            let _ = write!(line, " L{PLOT_W:.2},{:.2}", y_of(last));
+        }
+        let _ = write!(area, " L{PLOT_W:.2},{PANEL_H} L0,{PANEL_H} Z");
         let color = kind_color(key.kind);
         let _ = writeln!(
             s,
@@ -237,17 +254,19 @@ pub fn render(trace: &Trace, device: Option<i32>, html: bool) -> String {
 
         // Overlay marks, positioned by time (the HTML moves them when zooming).
         let _ = writeln!(s, r##"<g class="marks">"##);
-        let label_w = 7.0;
+        let label_w = 6.5;
         for p in &shaded {
             let x0 = x_of(p.start_ns);
             let w = x_of(p.end_ns) - x0;
             if i == 0 && w >= p.name.chars().count() as f64 * label_w + 6.0 {
                 let _ = writeln!(
                     s,
-                    r##"<text class="phase-label" data-t0="{}" data-t1="{}" x="{:.2}" y="14" fill="#333" font-size="11">{}</text>"##,
+                    r##"<text class="phase-label" data-t0="{}" data-t1="{}" x="{:.2}" y="{}" fill="#333" font-size="11"{}>{}</text>"##,
                     p.start_ns,
                     p.end_ns,
                     x0 + 3.0,
+                    if p.mark { 13 } else { 31 },
+                    if p.mark { r#" font-style="italic""# } else { "" },
                     esc(&p.name)
                 );
             }
@@ -284,8 +303,8 @@ pub fn render(trace: &Trace, device: Option<i32>, html: bool) -> String {
                 seconds(f.time_ns),
                 size(f.live_bytes_on_device),
                 f.device,
-                y1 = 22.0,
-                ty = 30.0 + 14.0,
+                y1 = PANEL_H - 16.0,
+                ty = PANEL_H - 6.0,
             );
         }
         s.push_str("</g>\n");
