@@ -9,7 +9,8 @@
  *   optimizer (nvtxRangePushA):   4 MiB state leaked each epoch
  * Setup (mark "setup"): 64 MiB weights, never freed. Finally, in range "eval", a 4 GiB
  * allocation fails (the emulated device has 1 GiB). Each phase lasts a few milliseconds
- * (usleep) so that pictures of the run look like a run.
+ * (usleep) so that pictures of the run look like a run. argv[1]: the optimizer state's size
+ * in MiB (default 4), for diffs of two runs.
  */
 #include <unistd.h>
 
@@ -26,6 +27,7 @@ static void mark(const char *name)
 }
 
 static void *act[3];
+static size_t state_mib = 4;
 
 static void attention(void)
 {
@@ -72,18 +74,20 @@ static void optimizer(void)
 {
     void *state = NULL;
     nvtxRangePushA("optimizer");
-    ALLOC("cudaMalloc", "device", cudaMalloc(&state, 4 * MiB), state, 4 * MiB, 0, 0); /* leaked */
+    ALLOC("cudaMalloc", "device", cudaMalloc(&state, state_mib * MiB), state, state_mib * MiB, 0, 0); /* leaked */
     usleep(1500);
     nvtxRangePop();
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     void *weights = NULL, *huge = NULL;
     const void *backward_name = nvtxDomainRegisterStringA(NULL, "backward");
     int epoch;
     char name[32];
 
+    if (argc > 1)
+        state_mib = (size_t)atoi(argv[1]);
     mark("setup");
     ALLOC("cudaMalloc", "device", cudaMalloc(&weights, 64 * MiB), weights, 64 * MiB, 0, 0);
     usleep(2000);

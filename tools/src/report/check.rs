@@ -105,7 +105,7 @@ pub fn check(path: &str, trace: &Trace, b: &Budgets) -> TraceCheck {
             if wanted(k.device) && is_memory(k.kind) && g.live_bytes > 0 {
                 bytes += g.live_bytes;
                 count += g.live_count;
-                kinds.push(format!("{} on device {}: {}", k.kind.name(), k.device, size(g.live_bytes)));
+                kinds.push(format!("{} memory on device {}: {}", k.kind.name(), k.device, size(g.live_bytes)));
             }
         }
         let ok = bytes <= limit;
@@ -132,8 +132,8 @@ pub fn check(path: &str, trace: &Trace, b: &Budgets) -> TraceCheck {
         } else {
             let first = failed[0];
             format!(
-                "{n} failed allocation{} exceed --max-failed {limit} (first: {} of {} on device {} at {})",
-                if n == 1 { "" } else { "s" },
+                "{n} failed allocation{} --max-failed {limit} (first: {} of {} on device {} at {})",
+                if n == 1 { " exceeds" } else { "s exceed" },
                 first.api,
                 size(first.size),
                 first.device,
