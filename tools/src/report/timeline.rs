@@ -390,8 +390,9 @@ svg.addEventListener('mousemove',ev=>{
   let lines=['t = '+(t/1e9).toFixed(6)+' s'];
   for(const p of DATA.panels){let v=null;for(const q of p.points){if(q[0]<=t)v=q;else break}
     lines.push(p.title+': '+(v?(v[1]==v[2]?fmtB(v[3]):fmtB(v[3])+' (range '+fmtB(v[1])+' to '+fmtB(v[2])+')'):'0 B'))}
-  for(const r of svg.querySelectorAll('rect.phase')){const a=+r.getAttribute('x'),b=a+ +r.getAttribute('width'),px=t/END*W;
-    if(px>=a&&px<=b){lines.push('phase: '+r.dataset.name);break}}
+  const ph=[];for(const r of svg.querySelectorAll('rect.phase')){const a=+r.getAttribute('x'),b=a+ +r.getAttribute('width'),px=t/END*W;
+    if(px>=a&&px<=b&&!ph.includes(r.dataset.name))ph.push(r.dataset.name)}
+  if(ph.length)lines.push('phase: '+ph.join(' / '));
   tip.textContent=lines.join('\n');tip.style.display='block';
   const wr=document.getElementById('wrap').getBoundingClientRect();
   tip.style.left=(ev.clientX-wr.left+14)+'px';tip.style.top=(ev.clientY-wr.top+14)+'px';
