@@ -386,7 +386,7 @@ impl ReplayExt {
         }
         self.out
             .spans
-            .sort_by(|a, b| (a.start_ns, a.depth, a.tid).cmp(&(b.start_ns, b.depth, b.tid)));
+            .sort_by_key(|a| (a.start_ns, a.depth, a.tid));
         for (key, by) in self.allocated {
             let mut v: Vec<StackUse> = by
                 .into_iter()
