@@ -23,6 +23,7 @@ mod cuda;
 mod guard;
 mod hotpath;
 mod modules;
+mod nvtx;
 mod output;
 mod phases;
 mod python;

@@ -1,12 +1,14 @@
 //! `gpumemtrace`: summarizes traces written by the libgpumemtrace.so preload library, and
 //! runs programs under it.
 
+mod commands;
 mod model;
 mod python;
 mod report;
 mod run;
 mod sites;
 mod symbolize;
+mod timeseries;
 mod units;
 
 use std::ffi::OsString;
@@ -58,6 +60,134 @@ Examples:
         #[arg(required = true, value_name = "TRACE")]
         traces: Vec<PathBuf>,
     },
+    /// Picture of live GPU memory over time (SVG, or interactive HTML)
+    ///
+    /// One panel per device and memory kind: live bytes over time (downsampled to min/max
+    /// per pixel bucket, so huge traces stay small), the peak marked with its value, failed
+    /// allocations marked in red, phases (gpumemtrace_push/mark, NVTX ranges) shaded.
+    /// The .html page is self-contained: hover for values, wheel to zoom, drag to pan.
+    #[command(after_help = "\
+Examples:
+  gpumemtrace timeline app.trace -o mem.svg
+  gpumemtrace timeline app.trace -o mem.html        interactive, no network needed
+  gpumemtrace timeline traces/ --pid 1234 --device 0 -o gpu0.svg
+  gpumemtrace timeline app.trace --phase backward -o backward.svg")]
+    Timeline {
+        #[command(flatten)]
+        sel: Select,
+        /// Output file: .svg or .html [default: SVG on stdout]
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Flame graph of bytes by call stack (inferno), or folded stacks
+    #[command(after_help = "\
+Examples:
+  gpumemtrace flamegraph app.trace --of peak -o peak.svg       who held memory at the peak
+  gpumemtrace flamegraph app.trace --of leaks -o leaks.svg     what was never freed
+  gpumemtrace flamegraph app.trace --of allocated --folded > alloc.folded
+      folded stacks (frame;frame;frame bytes) for flamegraph.pl, speedscope, inferno...")]
+    Flamegraph {
+        #[command(flatten)]
+        sel: Select,
+        /// Which bytes: live at each peak, leaked at the end, or everything allocated
+        #[arg(long, value_enum, default_value = "peak")]
+        of: report::flamegraph::Of,
+        /// Print folded stacks instead of an SVG
+        #[arg(long)]
+        folded: bool,
+        /// Output file [default: stdout]
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Export to PyTorch memory_viz (pickle), Perfetto/Chrome (JSON) or speedscope (JSON)
+    #[command(after_help = "\
+Examples:
+  gpumemtrace export app.trace --format memviz -o snapshot.pickle
+      drag into https://pytorch.org/memory_viz (Active Memory Timeline, Allocator State History)
+  gpumemtrace export app.trace --format perfetto -o app.json      open in ui.perfetto.dev
+  gpumemtrace export app.trace --format speedscope --of leaks -o leaks.speedscope.json")]
+    Export {
+        #[command(flatten)]
+        sel: Select,
+        #[arg(long, value_enum)]
+        format: ExportFormat,
+        /// For speedscope: which bytes the profiles weigh
+        #[arg(long, value_enum, default_value = "peak")]
+        of: report::flamegraph::Of,
+        /// Output file [default: stdout]
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// CI gate: exit 1 when a trace exceeds a memory budget
+    ///
+    /// Exit status: 0 within every budget, 1 when one is exceeded (each reason printed),
+    /// 2 when a trace cannot be read. Sizes take KiB/MiB/GiB (binary) or KB/MB/GB.
+    #[command(after_help = "\
+Examples:
+  gpumemtrace check app.trace --max-peak 10GiB --max-leaked 0
+  gpumemtrace check traces/ --device 0 --max-peak 70GiB --max-failed 0 --json")]
+    Check {
+        /// Trace files, or directories of *.trace files
+        #[arg(required = true, value_name = "TRACE")]
+        traces: Vec<PathBuf>,
+        /// Largest allowed peak of GPU memory per device
+        #[arg(long, value_name = "SIZE", value_parser = report::check::parse_size)]
+        max_peak: Option<u64>,
+        /// Largest allowed memory still live at the end (device, managed, pinned, VMM physical)
+        #[arg(long, value_name = "SIZE", value_parser = report::check::parse_size)]
+        max_leaked: Option<u64>,
+        /// Most failed allocations allowed
+        #[arg(long, value_name = "N")]
+        max_failed: Option<u64>,
+        /// Only this device (-1: host memory)
+        #[arg(long, value_name = "N", allow_negative_numbers = true)]
+        device: Option<i32>,
+        /// Only allocations made in this phase
+        #[arg(long, value_name = "NAME")]
+        phase: Option<String>,
+        /// Only traces of this process id
+        #[arg(long, value_name = "PID")]
+        pid: Option<u32>,
+        /// Print JSON instead of text
+        #[arg(long)]
+        json: bool,
+    },
+    /// What changed between two runs: peaks, leaks, bytes per call site
+    #[command(after_help = "\
+Examples:
+  gpumemtrace diff before.trace after.trace
+  gpumemtrace diff --device 0 --top 20 old/ new/        (directories: with --pid each)
+  gpumemtrace diff a.trace b.trace --json | jq '.allocated[0]'")]
+    Diff {
+        #[arg(value_name = "A")]
+        a: PathBuf,
+        #[arg(value_name = "B")]
+        b: PathBuf,
+        /// Print JSON instead of text
+        #[arg(long)]
+        json: bool,
+        /// Sites per list [default: 10]
+        #[arg(long, value_name = "N")]
+        top: Option<usize>,
+        /// Only this device (-1: host memory)
+        #[arg(long, value_name = "N", allow_negative_numbers = true)]
+        device: Option<i32>,
+        /// Only allocations made in this phase
+        #[arg(long, value_name = "NAME")]
+        phase: Option<String>,
+    },
+    /// Allocations per phase (gpumemtrace_push/mark, NVTX ranges) and memory group
+    #[command(after_help = "\
+Examples:
+  gpumemtrace phases app.trace
+  gpumemtrace phases --json app.trace")]
+    Phases {
+        #[command(flatten)]
+        sel: Select,
+        /// Print JSON instead of text
+        #[arg(long)]
+        json: bool,
+    },
     /// Print every record of a trace as JSON lines (for scripts)
     #[command(after_help = "\
 Example:
@@ -92,6 +222,33 @@ Examples:
     },
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ExportFormat {
+    /// PyTorch memory snapshot pickle (memory_viz)
+    Memviz,
+    /// Chrome / Perfetto trace-event JSON
+    Perfetto,
+    /// speedscope JSON
+    Speedscope,
+}
+
+/// Picking one trace and the events that count, shared by the picture and export commands.
+#[derive(Args)]
+struct Select {
+    /// A trace file, or a directory of *.trace files (with --pid when it holds several)
+    #[arg(value_name = "TRACE")]
+    trace: PathBuf,
+    /// The trace of this process id (in a directory)
+    #[arg(long, value_name = "PID")]
+    pid: Option<u32>,
+    /// Only this device (-1: host memory)
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    device: Option<i32>,
+    /// Only allocations made in this phase (and their frees)
+    #[arg(long, value_name = "NAME")]
+    phase: Option<String>,
+}
+
 #[derive(Args)]
 struct ReportArgs {
     /// Print JSON instead of text
@@ -120,7 +277,11 @@ impl From<ReportArgs> for summary::Options {
 }
 
 fn main() -> ExitCode {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    if let Some(code) = commands::dispatch(&cli.command) {
+        return code;
+    }
+    match cli.command {
         Cmd::Summary { report, traces } => {
             let opts = report.into();
             let result = summary::expand(&traces).and_then(|paths| {
@@ -152,6 +313,12 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Cmd::Timeline { .. }
+        | Cmd::Flamegraph { .. }
+        | Cmd::Export { .. }
+        | Cmd::Check { .. }
+        | Cmd::Diff { .. }
+        | Cmd::Phases { .. } => unreachable!("dispatched above"),
         Cmd::Run {
             output,
             report,

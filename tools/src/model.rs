@@ -18,6 +18,9 @@ use gpumemtrace_format::{
     Thread,
 };
 
+pub use crate::timeseries::{Filter, Step, StepKind};
+use crate::timeseries::ReplayExt;
+
 /// How far reading got.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Outcome {
@@ -143,6 +146,8 @@ pub struct Trace {
     combined_ids: HashMap<(u32, u32), u32>,
     /// The first thread seen using each stack key.
     pub stack_tid: HashMap<u32, u32>,
+    /// Reports' additions (timeline, phases, allocated bytes by stack): see `timeseries`.
+    pub ext: crate::timeseries::TraceExt,
 }
 
 /// First stack key of a (native, Python) pair; native stack ids stay below it.
@@ -174,10 +179,20 @@ impl Trace {
 
     /// Loads a trace from a source that can be opened twice (one per pass).
     pub fn load_from<R: Read>(open: impl Fn() -> io::Result<R>) -> Result<Trace, String> {
+        Trace::load_with(open, &Filter::default(), &mut |_| {})
+    }
+
+    /// Loads a trace counting only the events `filter` admits, and shows every replayed
+    /// event to `observe` (pass 1 only), in trace order.
+    pub fn load_with<R: Read>(
+        open: impl Fn() -> io::Result<R>,
+        filter: &Filter,
+        observe: &mut dyn FnMut(&Step),
+    ) -> Result<Trace, String> {
         let mut trace = Trace::default();
 
         // Pass 1: everything but the peak snapshots.
-        let mut replay = Replay::default();
+        let mut replay = Replay::with_filter(filter);
         trace.outcome = for_each_record(open().map_err(|e| e.to_string())?, |rec| {
             match rec {
                 Record::Process(p) => trace.process = Some(p),
@@ -193,7 +208,11 @@ impl Trace {
                     e.stack = trace.stack_key(&e);
                     trace.stack_tid.entry(e.stack).or_insert(e.tid);
                     match trace.apis.get(&e.api) {
-                        Some(api) => replay.apply(api, &e),
+                        Some(api) => {
+                            if let Some(step) = replay.apply(api, &e) {
+                                observe(&replay.ext.step(api, &e, step));
+                            }
+                        }
                         None => trace.unknown_api_events += 1,
                     }
                 }
@@ -208,8 +227,7 @@ impl Trace {
                 Record::Thread(t) => {
                     trace.threads.insert(t.tid, t);
                 }
-                // Phases: not used by these reports yet.
-                Record::Phase(_) => {}
+                Record::Phase(p) => replay.ext.phase(&p, true),
                 Record::Unknown(_) => {}
             }
             ControlFlow::Continue(())
@@ -233,7 +251,7 @@ impl Trace {
         let last_snapshot = snapshot_at.keys().next_back().copied().max(failure_at.map(|f| f.0));
         if let Some(last) = last_snapshot {
             let mut apis = HashMap::new();
-            let mut again = Replay::default();
+            let mut again = Replay::with_filter(filter);
             // Errors were reported by pass 1, and pass 2 stops before reaching them.
             let _ = for_each_record(open().map_err(|e| e.to_string())?, |rec| {
                 match rec {
@@ -241,6 +259,7 @@ impl Trace {
                     Record::Api(a) => {
                         apis.insert(a.id, a);
                     }
+                    Record::Phase(p) => again.ext.phase(&p, false),
                     Record::Event(mut e) => {
                         if e.pystack != 0 {
                             // Every pair was seen by pass 1.
@@ -283,6 +302,7 @@ impl Trace {
         trace.failures = replay.failures;
         trace.bad_frees = replay.bad_frees;
         trace.bad_frees_omitted = replay.bad_frees_omitted;
+        trace.ext = replay.ext.finish();
         Ok(trace)
     }
 }
@@ -349,6 +369,26 @@ struct Live {
     time_ns: u64,
 }
 
+/// What one replayed event did: its group, bytes and the stack that allocated them.
+pub struct Applied {
+    pub kind: StepKind,
+    pub key: GroupKey,
+    pub size: u64,
+    /// The allocating stack (for a free: the stack of the allocation it frees).
+    pub alloc_stack: u32,
+}
+
+impl Applied {
+    fn new(kind: StepKind, key: GroupKey, size: u64, alloc_stack: u32) -> Applied {
+        Applied {
+            kind,
+            key,
+            size,
+            alloc_stack,
+        }
+    }
+}
+
 /// The replay state machine, shared by both passes so that they agree.
 #[derive(Default)]
 struct Replay {
@@ -366,16 +406,41 @@ struct Replay {
     bad_frees_omitted: u64,
     /// Events applied so far.
     ordinal: u64,
+    /// Filter, phases, time series (see `timeseries`).
+    ext: ReplayExt,
 }
 
 impl Replay {
+    fn with_filter(filter: &Filter) -> Replay {
+        Replay {
+            ext: ReplayExt::new(filter.clone()),
+            ..Replay::default()
+        }
+    }
+
     fn group(&mut self, key: GroupKey) -> &mut Group {
         self.groups.entry(key).or_default()
     }
 
-    fn apply(&mut self, api: &Api, e: &Event) {
+    /// Applies one event; returns what it did unless the filter left it out.
+    fn apply(&mut self, api: &Api, e: &Event) -> Option<Applied> {
         self.ordinal += 1;
         let ns = namespace(api.kind);
+        if !self.ext.admit(api, e, ns) {
+            return None;
+        }
+        let applied = self.apply_admitted(api, e, ns);
+        let key = applied.key;
+        let live = self.groups.get(&key).map_or(0, |g| g.live_bytes);
+        self.ext.record(e, &applied, live);
+        Some(applied)
+    }
+
+    fn apply_admitted(&mut self, api: &Api, e: &Event, ns: u8) -> Applied {
+        let fallback = GroupKey {
+            device: e.device,
+            kind: api.kind,
+        };
         match (api.op, e.result == 0) {
             (Op::Alloc, true) => {
                 // A mapping belongs to the device of the physical memory it maps, whatever
@@ -420,6 +485,7 @@ impl Replay {
                         d.peak_time_ns = e.time_ns;
                     }
                 }
+                Applied::new(StepKind::Alloc, key, e.size, e.stack)
             }
             (Op::Alloc, false) => {
                 let key = GroupKey {
@@ -440,18 +506,26 @@ impl Replay {
                     stack: e.stack,
                     live_bytes_on_device,
                 });
+                Applied::new(StepKind::FailedAlloc, key, e.size, e.stack)
             }
             // cudaFree(NULL) is a documented no-op, commonly used to create the context.
-            (Op::Free, true) if e.addr == 0 => {}
+            (Op::Free, true) if e.addr == 0 => Applied::new(StepKind::Ignored, fallback, 0, 0),
             (Op::Free, true) => match self.take_freed(ns, e) {
                 // The freed entry says what was freed: cudaFree also frees managed memory.
                 Some(old) => {
                     self.release(&old);
                     self.group(old.key).frees += 1;
+                    Applied::new(StepKind::Free, old.key, old.size, old.stack)
                 }
-                None => self.bad_free(api, e),
+                None => {
+                    self.bad_free(api, e);
+                    Applied::new(StepKind::BadFree, fallback, 0, 0)
+                }
             },
-            (Op::Free, false) => self.bad_free(api, e),
+            (Op::Free, false) => {
+                self.bad_free(api, e);
+                Applied::new(StepKind::BadFree, fallback, 0, 0)
+            }
         }
     }
 

@@ -59,7 +59,7 @@ pub fn launch(l: &Launch, opts: &Options, report: &mut dyn Write) -> Result<u8, 
     let lib = l.lib.canonicalize().unwrap_or_else(|_| l.lib.clone());
     let before = names(&dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
 
-    let mut preload = lib.into_os_string();
+    let mut preload = lib.clone().into_os_string();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
         preload.push(":");
         preload.push(old);
@@ -71,11 +71,16 @@ pub fn launch(l: &Launch, opts: &Options, report: &mut dyn Write) -> Result<u8, 
     // Ctrl-C reaches the whole foreground process group: let the command decide what it
     // means, and survive to summarize what it did.
     let _guard = InterruptGuard::new();
-    let status = Command::new(program)
-        .args(args)
+    let mut cmd = Command::new(program);
+    cmd.args(args)
         .env("LD_PRELOAD", preload)
-        .env("GPUMEMTRACE_OUTPUT", out_dir)
-        .status();
+        .env("GPUMEMTRACE_OUTPUT", out_dir);
+    // NVTX ranges become phases (src/nvtx.rs); NVTX takes one injection library, so one
+    // already chosen (a profiler's) is kept.
+    if std::env::var_os("NVTX_INJECTION64_PATH").is_none_or(|v| v.is_empty()) {
+        cmd.env("NVTX_INJECTION64_PATH", &lib);
+    }
+    let status = cmd.status();
     let status = match status {
         Ok(s) => s,
         Err(e) => {

@@ -1,8 +1,13 @@
 //! Reports over the [`Trace`] model, and the call-site aggregation they share.
 
+pub mod check;
+pub mod diff;
 pub mod dump;
+pub mod export;
+pub mod flamegraph;
 pub mod merged;
 pub mod summary;
+pub mod timeline;
 
 use std::collections::HashMap;
 

@@ -1,0 +1,253 @@
+//! The report commands beyond `summary`, `dump` and `run`: timeline, flamegraph, export,
+//! check, diff, phases. Each loads its trace(s) once through the model and writes one output.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use crate::model::{Filter, Outcome, Step, Trace};
+use crate::report::{check, diff, export, flamegraph, summary, timeline};
+use crate::symbolize::Symbolizer;
+use crate::timeseries;
+use crate::units::size;
+use crate::{Cmd, ExportFormat, Select};
+
+/// Runs `cmd` if it is one of these commands.
+pub fn dispatch(cmd: &Cmd) -> Option<ExitCode> {
+    let r = match cmd {
+        Cmd::Timeline { sel, output } => timeline_cmd(sel, output.as_deref()),
+        Cmd::Flamegraph { sel, of, folded, output } => flamegraph_cmd(sel, *of, *folded, output.as_deref()),
+        Cmd::Export { sel, format, of, output } => export_cmd(sel, *format, *of, output.as_deref()),
+        Cmd::Phases { sel, json } => phases_cmd(sel, *json),
+        Cmd::Check { traces, max_peak, max_leaked, max_failed, device, phase, pid, json } => {
+            let b = check::Budgets {
+                max_peak: *max_peak,
+                max_leaked: *max_leaked,
+                max_failed: *max_failed,
+                device: *device,
+            };
+            return Some(check_cmd(traces, &b, phase.clone(), *pid, *json));
+        }
+        Cmd::Diff { a, b, json, top, device, phase } => diff_cmd(a, b, *json, *top, *device, phase.clone()),
+        _ => return None,
+    };
+    Some(match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.contains("Broken pipe") => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpumemtrace: {e}");
+            ExitCode::FAILURE
+        }
+    })
+}
+
+/// The trace files of `path` (a file, or a directory's *.trace), those of process `pid` only.
+fn traces_of(paths: &[PathBuf], pid: Option<u32>) -> Result<Vec<PathBuf>, String> {
+    let all = summary::expand(paths)?;
+    let Some(pid) = pid else { return Ok(all) };
+    let v: Vec<PathBuf> = all.into_iter().filter(|p| timeseries::pid_of(p) == Some(pid)).collect();
+    if v.is_empty() {
+        return Err(format!("no trace of pid {pid} (trace files are named gpumemtrace-<pid>.trace)"));
+    }
+    Ok(v)
+}
+
+fn one_trace(path: &Path, pid: Option<u32>) -> Result<PathBuf, String> {
+    let mut v = traces_of(&[path.to_path_buf()], pid)?;
+    if v.len() > 1 {
+        let pids: Vec<String> = v
+            .iter()
+            .map(|p| timeseries::pid_of(p).map_or_else(|| p.display().to_string(), |n| n.to_string()))
+            .collect();
+        return Err(format!(
+            "{} holds {} traces: pick one with --pid ({})",
+            path.display(),
+            v.len(),
+            pids.join(", ")
+        ));
+    }
+    Ok(v.remove(0))
+}
+
+fn filter(device: Option<i32>, phase: Option<String>) -> Filter {
+    Filter { device, phase }
+}
+
+fn load(path: &Path, f: &Filter, observe: &mut dyn FnMut(&Step)) -> Result<Trace, String> {
+    let t = timeseries::load(path, f, observe)?;
+    let p = path.display();
+    match &t.outcome {
+        Outcome::Complete => {}
+        Outcome::Truncated { offset } => {
+            eprintln!("warning: {p}: the trace is truncated at byte {offset}; showing the events before it")
+        }
+        Outcome::Corrupt { offset, message } => {
+            eprintln!("warning: {p}: the trace is corrupt at byte {offset} ({message}); showing the events before it")
+        }
+    }
+    if let Some(ph) = &f.phase {
+        if !t.ext.by_phase.keys().any(|(_, n)| n == ph) && t.ext.spans.iter().all(|s| &s.name != ph) {
+            eprintln!("warning: {p}: no phase named {ph:?} in this trace");
+        }
+    }
+    Ok(t)
+}
+
+/// Writes to the file, or stdout when none.
+fn output(path: Option<&Path>, write: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> Result<(), String> {
+    match path {
+        Some(p) => {
+            let mut f = BufWriter::new(File::create(p).map_err(|e| format!("{}: {e}", p.display()))?);
+            write(&mut f).and_then(|_| f.flush()).map_err(|e| format!("{}: {e}", p.display()))
+        }
+        None => {
+            let mut out = io::stdout().lock();
+            write(&mut out).and_then(|_| out.flush()).map_err(|e| e.to_string())
+        }
+    }
+}
+
+fn timeline_cmd(sel: &Select, out: Option<&Path>) -> Result<(), String> {
+    let path = one_trace(&sel.trace, sel.pid)?;
+    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut |_| {})?;
+    let html = out.is_some_and(|p| p.extension().is_some_and(|e| e == "html" || e == "htm"));
+    let page = timeline::render(&t, sel.device, html);
+    output(out, |w| w.write_all(page.as_bytes()))
+}
+
+fn flamegraph_cmd(sel: &Select, of: flamegraph::Of, folded: bool, out: Option<&Path>) -> Result<(), String> {
+    let path = one_trace(&sel.trace, sel.pid)?;
+    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut |_| {})?;
+    let mut sym = Symbolizer::new();
+    let mut sym = sym.for_trace(&t.modules);
+    let stacks = flamegraph::weighted(&t, &mut sym, of, sel.device);
+    let lines = flamegraph::folded(&stacks);
+    if folded {
+        return output(out, |w| lines.iter().try_for_each(|l| writeln!(w, "{l}")));
+    }
+    let exe = t.process.as_ref().map_or("?".into(), |p| p.exe.rsplit('/').next().unwrap_or("?").to_string());
+    let what = match of {
+        flamegraph::Of::Peak => "live at the peak",
+        flamegraph::Of::Leaks => "leaked (live at the end)",
+        flamegraph::Of::Allocated => "allocated",
+    };
+    let mut title = format!("GPU memory {what}: {exe}");
+    if let Some(p) = &sel.phase {
+        title.push_str(&format!(", phase {p}"));
+    }
+    output(out, |w| flamegraph::svg(&lines, &title, w))
+}
+
+fn export_cmd(sel: &Select, format: ExportFormat, of: flamegraph::Of, out: Option<&Path>) -> Result<(), String> {
+    let path = one_trace(&sel.trace, sel.pid)?;
+    let f = filter(sel.device, sel.phase.clone());
+    match format {
+        ExportFormat::Memviz => {
+            let mut c = export::memviz::Collector::new(sel.device);
+            let t = load(&path, &f, &mut |s| c.observe(s))?;
+            let mut sym = Symbolizer::new();
+            let mut sym = sym.for_trace(&t.modules);
+            let snap = c.finish(&t, &mut sym);
+            let mut buf = Vec::new();
+            export::memviz::write(&snap, &mut buf)?;
+            output(out, |w| w.write_all(&buf))
+        }
+        ExportFormat::Perfetto => {
+            let t = load(&path, &f, &mut |_| {})?;
+            let v = export::perfetto::render(&t, sel.device);
+            output(out, |w| serde_json::to_writer(&mut *w, &v).map_err(io::Error::other))
+        }
+        ExportFormat::Speedscope => {
+            let t = load(&path, &f, &mut |_| {})?;
+            let mut sym = Symbolizer::new();
+            let mut sym = sym.for_trace(&t.modules);
+            let stacks = flamegraph::weighted(&t, &mut sym, of, sel.device);
+            let name = format!("gpumemtrace {}", path.file_name().unwrap_or_default().to_string_lossy());
+            let v = export::speedscope::render(&stacks, of, &name);
+            output(out, |w| serde_json::to_writer(&mut *w, &v).map_err(io::Error::other))
+        }
+    }
+}
+
+fn phases_cmd(sel: &Select, json: bool) -> Result<(), String> {
+    let path = one_trace(&sel.trace, sel.pid)?;
+    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut |_| {})?;
+    if json {
+        let rows: Vec<_> = t
+            .ext
+            .by_phase
+            .iter()
+            .map(|((k, n), u)| {
+                serde_json::json!({"phase": n, "device": k.device, "kind": k.kind.name(),
+                    "allocations": u.allocations, "allocated_bytes": u.bytes, "failed": u.failed})
+            })
+            .collect();
+        let v = serde_json::json!({"phases": rows, "spans": t.ext.spans, "spans_omitted": t.ext.spans_omitted});
+        return output(None, |w| {
+            serde_json::to_writer_pretty(&mut *w, &v).map_err(io::Error::other)?;
+            writeln!(w)
+        });
+    }
+    output(None, |w| {
+        if t.ext.by_phase.is_empty() {
+            writeln!(w, "no allocations")?;
+        }
+        writeln!(w, "{:<24} {:>6} {:<13} {:>11} {:>12} {:>7}", "phase", "device", "kind", "allocations", "allocated", "failed")?;
+        for ((k, n), u) in &t.ext.by_phase {
+            let name = if n.is_empty() { "(none)" } else { n.as_str() };
+            writeln!(
+                w,
+                "{:<24} {:>6} {:<13} {:>11} {:>12} {:>7}",
+                name,
+                k.device,
+                k.kind.name(),
+                u.allocations,
+                size(u.bytes),
+                u.failed
+            )?;
+        }
+        Ok(())
+    })
+}
+
+fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: Option<u32>, json: bool) -> ExitCode {
+    if b.max_peak.is_none() && b.max_leaked.is_none() && b.max_failed.is_none() {
+        eprintln!("gpumemtrace check: no budget given (--max-peak, --max-leaked, --max-failed)");
+        return ExitCode::from(2);
+    }
+    let files = match traces_of(paths, pid) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("gpumemtrace: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut results = Vec::new();
+    for p in &files {
+        match load(p, &filter(b.device, phase.clone()), &mut |_| {}) {
+            Ok(t) => results.push(check::check(&p.display().to_string(), &t, b)),
+            Err(e) => {
+                eprintln!("gpumemtrace: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let mut out = io::stdout().lock();
+    let _ = check::render(&results, json, &mut out).and_then(|_| out.flush());
+    if results.iter().all(|r| r.ok) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn diff_cmd(a: &Path, b: &Path, json: bool, top: Option<usize>, device: Option<i32>, phase: Option<String>) -> Result<(), String> {
+    let f = filter(device, phase);
+    let pa = one_trace(a, None)?;
+    let pb = one_trace(b, None)?;
+    let ta = load(&pa, &f, &mut |_| {})?;
+    let tb = load(&pb, &f, &mut |_| {})?;
+    let mut d = diff::diff(&pa.display().to_string(), &ta, &pb.display().to_string(), &tb, device);
+    output(None, |w| diff::render(&mut d, top, json, w))
+}

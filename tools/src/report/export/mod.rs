@@ -1,0 +1,5 @@
+//! `gpumemtrace export --format memviz|perfetto|speedscope`: the trace in other tools' formats.
+
+pub mod memviz;
+pub mod perfetto;
+pub mod speedscope;
