@@ -69,6 +69,9 @@ pub struct Group {
     pub leak_stacks: Vec<StackUse>,
     /// Ordinal of the event that first reached the peak (pass 2 snapshots after it).
     peak_event: Option<u64>,
+    /// Live when the Python program finished, before the interpreter's shutdown freed its
+    /// objects (see [`Trace::python_exit`]): bytes, count. `leak_stacks` is then that live set.
+    pub live_at_python_exit: Option<(u64, u64)>,
 }
 
 /// Memory that occupies a GPU: device, managed and VMM physical memory together.
@@ -148,6 +151,11 @@ pub struct Trace {
     pub stack_tid: HashMap<u32, u32>,
     /// Reports' additions (timeline, phases, allocated bytes by stack): see `timeseries`.
     pub ext: crate::timeseries::TraceExt,
+    /// When a Python program finished: the time of the first event of the interpreter's
+    /// shutdown — the main thread calling CUDA without a Python frame after its last call with
+    /// one. Python frees every module's objects then (tensors too), so what was still live just
+    /// before is what the program leaked; the end of the trace would show almost nothing.
+    pub python_exit_ns: Option<u64>,
 }
 
 /// First stack key of a (native, Python) pair; native stack ids stay below it.
@@ -192,6 +200,7 @@ impl Trace {
         let mut trace = Trace::default();
 
         // Pass 1: everything but the peak snapshots.
+        let (mut python_main_seen, mut python_exit): (bool, Option<(u64, u64)>) = (false, None);
         let mut replay = Replay::with_filter(filter);
         trace.outcome = for_each_record(open().map_err(|e| e.to_string())?, |rec| {
             match rec {
@@ -214,6 +223,14 @@ impl Trace {
                             }
                         }
                         None => trace.unknown_api_events += 1,
+                    }
+                    if trace.process.as_ref().is_some_and(|p| p.pid == e.tid) {
+                        if e.pystack != 0 {
+                            python_main_seen = true;
+                            python_exit = None;
+                        } else if python_main_seen && python_exit.is_none() {
+                            python_exit = Some((replay.ordinal - 1, e.time_ns));
+                        }
                     }
                 }
                 Record::Notice(n) => trace.notices.push(n),
@@ -248,7 +265,15 @@ impl Trace {
             }
             None => Vec::new(),
         };
-        let last_snapshot = snapshot_at.keys().next_back().copied().max(failure_at.map(|f| f.0));
+        let python_exit = python_exit.filter(|&(n, _)| n > 0);
+        trace.python_exit_ns = python_exit.map(|(_, t)| t);
+        let mut at_python_exit: Vec<(GroupKey, u64, u64, Vec<StackUse>)> = Vec::new();
+        let last_snapshot = snapshot_at
+            .keys()
+            .next_back()
+            .copied()
+            .max(failure_at.map(|f| f.0))
+            .max(python_exit.map(|p| p.0));
         if let Some(last) = last_snapshot {
             let mut apis = HashMap::new();
             let mut again = Replay::with_filter(filter);
@@ -269,6 +294,13 @@ impl Trace {
                             again.apply(api, &e);
                             for key in snapshot_at.get(&again.ordinal).into_iter().flatten() {
                                 replay.group(*key).peak_stacks = again.by_stack(*key);
+                            }
+                            if python_exit.is_some_and(|(n, _)| n == again.ordinal) {
+                                at_python_exit = again
+                                    .groups
+                                    .iter()
+                                    .map(|(k, g)| (*k, g.live_bytes, g.live_count, again.by_stack(*k)))
+                                    .collect();
                             }
                             if failure_at.is_some_and(|(n, _)| n == again.ordinal) {
                                 trace.last_failure_live = failure_keys
@@ -296,6 +328,17 @@ impl Trace {
         let keys: Vec<GroupKey> = replay.groups.keys().copied().collect();
         for key in keys {
             replay.group(key).leak_stacks = replay.by_stack(key);
+        }
+        if python_exit.is_some() {
+            for key in replay.groups.keys().copied().collect::<Vec<_>>() {
+                replay.group(key).live_at_python_exit = Some((0, 0));
+                replay.group(key).leak_stacks = Vec::new();
+            }
+            for (key, bytes, count, stacks) in at_python_exit {
+                let g = replay.group(key);
+                g.live_at_python_exit = Some((bytes, count));
+                g.leak_stacks = stacks;
+            }
         }
         trace.groups = replay.groups;
         trace.devices = replay.devices;
@@ -737,6 +780,35 @@ pub(crate) mod tests {
                 count,
             })
             .collect()
+    }
+
+    #[test]
+    fn leaks_of_a_python_program_are_what_was_live_before_interpreter_shutdown() {
+        // pid 1234's main thread allocates from Python (pystack != 0), then the interpreter's
+        // shutdown frees module globals from C (no Python frame): the leak is what was live then.
+        let py = |api, t, addr, size, stack, pystack, tid| {
+            Record::Event(Event { api, time_ns: t, addr, size, stack, pystack, tid, ..Event::default() })
+        };
+        let mut b = TraceBuilder::new();
+        b.rec(py(MALLOC, 10, 0x1000, 100, 1, 1, 1234))
+            .rec(py(MALLOC, 20, 0x2000, 50, 2, 2, 1234))
+            .rec(py(MALLOC, 25, 0x3000, 7, 3, 0, 99)) // another thread, no Python: not shutdown
+            .rec(py(FREE, 30, 0x2000, 0, 2, 2, 1234)) // freed by the program itself
+            .rec(py(FREE, 40, 0x1000, 0, 4, 0, 1234)) // shutdown starts here
+            .rec(py(FREE, 41, 0x3000, 0, 4, 0, 1234));
+        let t = b.load();
+        assert_eq!(t.python_exit_ns, Some(40));
+        let g = &t.groups[&key(0, MemKind::Device)];
+        assert_eq!(g.live_at_python_exit, Some((107, 2)));
+        assert_eq!(g.leak_stacks.iter().map(|u| (u.bytes, u.count)).collect::<Vec<_>>(), [(100, 1), (7, 1)]);
+        assert_eq!((g.live_bytes, g.live_count), (0, 0), "the end of the trace still says what it says");
+
+        // No Python stacks at all: leaks are the end of the trace, as for any program.
+        let mut b = TraceBuilder::new();
+        b.rec(py(MALLOC, 10, 0x1000, 100, 1, 0, 1234)).rec(py(FREE, 40, 0x1000, 0, 4, 0, 1234));
+        let t = b.load();
+        assert_eq!(t.python_exit_ns, None);
+        assert_eq!(t.groups[&key(0, MemKind::Device)].live_at_python_exit, None);
     }
 
     #[test]

@@ -89,6 +89,10 @@ pub struct GroupReport {
     pub peak_sites: Vec<Site>,
     pub live_bytes: u64,
     pub live_count: u64,
+    /// For Python programs: live when the program finished, before the interpreter's shutdown
+    /// freed its objects; `leak_sites` then describe this live set.
+    pub live_at_python_exit_bytes: Option<u64>,
+    pub live_at_python_exit_count: Option<u64>,
     pub leak_sites: Vec<Site>,
     #[serde(skip)]
     double_allocs: u64,
@@ -259,6 +263,8 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
             peak_sites,
             live_bytes: g.live_bytes,
             live_count: g.live_count,
+            live_at_python_exit_bytes: g.live_at_python_exit.map(|l| l.0),
+            live_at_python_exit_count: g.live_at_python_exit.map(|l| l.1),
             more_leak_sites: cut(&mut leak_sites, top),
             leak_sites,
             double_allocs: g.double_allocs,
@@ -499,7 +505,28 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
             seconds(g.peak_time_ns)
         )?;
         render_sites(&g.peak_sites, g.more_peak_sites, opts, out)?;
-        if g.live_count == 0 {
+        if let (Some(bytes), Some(n)) = (g.live_at_python_exit_bytes, g.live_at_python_exit_count) {
+            // Python frees its objects at shutdown: the leaks are what was live just before.
+            if n == 0 {
+                writeln!(out, "  all freed when the Python program finished")?;
+            } else {
+                writeln!(
+                    out,
+                    "  live when the Python program finished (leaked) {} in {}:",
+                    size(bytes),
+                    count(n, "allocation")
+                )?;
+                render_sites(&g.leak_sites, g.more_leak_sites, opts, out)?;
+            }
+            if bytes > g.live_bytes {
+                writeln!(
+                    out,
+                    "  (the interpreter's shutdown then freed {}; {} live at the end of the trace)",
+                    size(bytes - g.live_bytes),
+                    size(g.live_bytes)
+                )?;
+            }
+        } else if g.live_count == 0 {
             writeln!(out, "  all freed by the end")?;
         } else {
             writeln!(
@@ -672,7 +699,8 @@ mod tests {
                      "address": 0x300, "frames": [frame(0x300)]},
                     site1,
                 ],
-                "live_bytes": 200, "live_count": 2, "leak_sites": [site1],
+                "live_bytes": 200, "live_count": 2, "live_at_python_exit_bytes": null,
+                "live_at_python_exit_count": null, "leak_sites": [site1],
             }],
             "devices": [{"device": 0, "peak_bytes": 500, "peak_time_ns": 3_000, "live_bytes": 200}],
             "failures": [{"api": "cudaMalloc", "device": 0, "kind": "device", "size": 1u64 << 30, "result": 2,
