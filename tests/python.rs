@@ -153,3 +153,17 @@ fn a_native_process_gets_no_python_records() {
     let events: Vec<_> = recs.iter().filter_map(|r| if let Record::Event(e) = r { Some(e) } else { None }).collect();
     assert!(!events.is_empty() && events.iter().all(|e| e.pystack == 0));
 }
+
+#[test]
+fn reports_keep_the_python_frames() {
+    // Flame graphs, speedscope and memory_viz exports show the merged stacks: Python frames have
+    // no address, and must not be dropped with the null "frames" that end native stacks.
+    let run = run_python("python3", &[], &[]);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    let out = Command::new(cli()).args(["flamegraph", "--of", "allocated", "--folded"]).arg(&run.traces[0]).output().unwrap();
+    let folded = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        folded.lines().any(|l| l.contains(";<module> (alloc.py:") && l.contains(";innermost (alloc.py:")),
+        "{folded}"
+    );
+}

@@ -67,8 +67,9 @@ pub fn weighted(
                 .get(located.site_index..)
                 .unwrap_or_default()
                 .to_vec();
-            // The outermost "frame" of a stack is often a null return address.
-            frames.retain(|f| f.address != 0);
+            // The outermost "frame" of a stack is often a null return address (Python frames
+            // have no address at all: keep them).
+            frames.retain(|f| f.address != 0 || f.python);
             frames.reverse();
             out.push(Weighted {
                 key: *key,

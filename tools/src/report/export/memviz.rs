@@ -141,7 +141,7 @@ impl Collector {
                         .get(loc.site_index..)
                         .unwrap_or_default()
                         .iter()
-                        .filter(|f| f.address != 0)
+                        .filter(|f| f.address != 0 || f.python)
                         .map(viz_frame)
                         .collect()
                 })
