@@ -149,4 +149,95 @@ fn main() {
             );
         }
     }
+
+    // Peers: heaptrack (native malloc tracer) and memray (Python + native) on equivalent loops,
+    // against their own untraced runs, next to ours on our loop: added cost per traced event.
+    if std::env::var("BENCH_ONLY").is_ok_and(|v| v != "peers") {
+        return;
+    }
+    let median_of = |mut v: Vec<f64>| -> f64 {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
+    let field = |out: &[u8], key: &str| -> f64 {
+        String::from_utf8_lossy(out)
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{key}=")).map(|v| v.parse::<f64>().unwrap()))
+            .unwrap_or_else(|| panic!("no {key}= in {}", String::from_utf8_lossy(out)))
+    };
+    let have = |tool: &str| Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success());
+    println!("\n## Peers: added p50 latency per traced allocation call, native (median of {reps} runs)\n");
+    println!("| caller depth | ours: cuMemAlloc_v2, 64 frames | heaptrack: malloc |");
+    println!("|---|---|---|");
+    let heaptrack = have("heaptrack");
+    for depth in [0u32, 30, 60] {
+        let mut ours = Vec::new();
+        let mut theirs = Vec::new();
+        for _ in 0..reps {
+            let base = run_with(1, 200_000, depth, None, "fast");
+            let t = run_with(1, 200_000, depth, Some(64), "fast");
+            ours.push(t["alloc_p50_ns"] as f64 - base["alloc_p50_ns"] as f64);
+            if heaptrack {
+                let args = ["1".to_string(), "200000".into(), depth.to_string()];
+                let base = Command::new(emu.join("bench_malloc")).args(&args).output().unwrap();
+                let out = Command::new("heaptrack")
+                    .arg("-o")
+                    .arg(scratch.join("heaptrack"))
+                    .arg(emu.join("bench_malloc"))
+                    .args(&args)
+                    .output()
+                    .unwrap();
+                theirs.push(field(&out.stdout, "alloc_p50_ns") - field(&base.stdout, "alloc_p50_ns"));
+                for e in std::fs::read_dir(&scratch).unwrap() {
+                    let _ = std::fs::remove_file(e.unwrap().path());
+                }
+            }
+        }
+        let theirs = if theirs.is_empty() { "not installed".to_string() } else { format!("{:.0} ns", median_of(theirs)) };
+        println!("| {depth} | {:.0} ns | {theirs} |", median_of(ours));
+    }
+
+    println!("\n## Peers: added wall time per traced event, Python (100000 pairs, median of {reps} runs)\n");
+    println!("| Python depth | ours: ctypes cuMemAlloc_v2, Python + 64 native frames | memray: bytearray(4096), Python stacks | memray --native |");
+    println!("|---|---|---|---|");
+    let memray = have("memray");
+    let py_script = root.join("benches/py_malloc.py");
+    let py_wall = |script: &Path, depth: u32, prefix: &[&str], env: &[(&str, &str)]| -> f64 {
+        let mut cmd = if prefix.is_empty() { Command::new(&python) } else { Command::new(prefix[0]) };
+        if !prefix.is_empty() {
+            cmd.args(&prefix[1..]);
+        }
+        cmd.arg(script).arg(&libcuda).arg(pairs.to_string()).arg(depth.to_string());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        for e in std::fs::read_dir(&scratch).unwrap() {
+            let _ = std::fs::remove_file(e.unwrap().path());
+        }
+        field(&out.stdout, "wall_ns")
+    };
+    let mr_out = scratch.join("memray.bin");
+    let mr_out = mr_out.to_str().unwrap();
+    let shim_s = shim.to_str().unwrap().to_string();
+    let out_s = format!("{}/", scratch.display());
+    for depth in [10u32, 50] {
+        let (mut ours, mut mr, mut mrn) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..reps {
+            let events = 2.0 * pairs as f64;
+            let base = py_wall(&script, depth, &[], &[]);
+            let t = py_wall(&script, depth, &[], &[("LD_PRELOAD", shim_s.as_str()), ("GPUMEMTRACE_OUTPUT", out_s.as_str())]);
+            ours.push((t - base) / events);
+            if memray {
+                let base = py_wall(&py_script, depth, &[], &[]);
+                let t = py_wall(&py_script, depth, &["memray", "run", "-q", "-f", "-o", mr_out], &[]);
+                mr.push((t - base) / events);
+                let t = py_wall(&py_script, depth, &["memray", "run", "-q", "-f", "--native", "-o", mr_out], &[]);
+                mrn.push((t - base) / events);
+            }
+        }
+        let fmt = |v: Vec<f64>| if v.is_empty() { "not installed".to_string() } else { format!("{:.0} ns", median_of(v)) };
+        println!("| {depth} | {} | {} | {} |", fmt(ours), fmt(mr), fmt(mrn));
+    }
 }

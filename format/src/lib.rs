@@ -13,7 +13,11 @@ use std::io::{self, Read};
 /// First 8 bytes of every trace.
 pub const MAGIC: &[u8; 8] = b"GPUMTRC\0";
 /// Format version written after the magic (u16 little endian), then 2 reserved bytes.
-pub const VERSION: u16 = 1;
+/// Version 2 stores an event's thread and address as deltas from the previous event's; readers
+/// still read version 1 (absolute values).
+pub const VERSION: u16 = 2;
+/// The oldest version this reader understands.
+pub const MIN_VERSION: u16 = 1;
 /// Size of the file header: magic, version, reserved.
 pub const HEADER_LEN: usize = 12;
 /// No record payload may be longer than this; a longer length means a corrupt file.
@@ -289,8 +293,16 @@ pub enum Record {
 /// that one piece of state.
 #[derive(Default)]
 pub struct Encoder {
-    last_time_ns: u64,
+    prev: Prev,
     payload: Vec<u8>,
+}
+
+/// The previous event's fields that the next one is stored relative to.
+#[derive(Clone, Copy, Default)]
+struct Prev {
+    time_ns: u64,
+    tid: u32,
+    addr: u64,
 }
 
 /// The file header.
@@ -353,14 +365,16 @@ impl Encoder {
                 tag::STACK
             }
             Record::Event(e) => {
+                // Deltas: times grow slowly, one thread calls many times in a row, and a free
+                // usually follows its allocation closely (often at the same address).
                 put_uv(p, e.api as u64);
-                put_sv(p, e.time_ns.wrapping_sub(self.last_time_ns) as i64);
-                self.last_time_ns = e.time_ns;
-                put_uv(p, e.tid as u64);
+                put_sv(p, e.time_ns.wrapping_sub(self.prev.time_ns) as i64);
+                put_sv(p, (e.tid as i64).wrapping_sub(self.prev.tid as i64));
                 put_uv(p, e.stack as u64);
                 put_uv(p, e.result as u64);
                 put_sv(p, e.device as i64);
-                put_uv(p, e.addr);
+                put_sv(p, e.addr.wrapping_sub(self.prev.addr) as i64);
+                self.prev = Prev { time_ns: e.time_ns, tid: e.tid, addr: e.addr };
                 put_uv(p, e.size);
                 put_uv(p, e.stream);
                 put_uv(p, e.extra);
@@ -476,7 +490,8 @@ pub struct Reader<R: Read> {
     inner: R,
     /// Byte offset of the next record.
     offset: u64,
-    last_time_ns: u64,
+    version: u16,
+    prev: Prev,
     buf: Vec<u8>,
     done: bool,
 }
@@ -496,12 +511,12 @@ impl<R: Read> Reader<R> {
             return Err(ReadError::BadHeader("wrong magic bytes".into()));
         }
         let v = u16::from_le_bytes([h[8], h[9]]);
-        if v != VERSION {
+        if !(MIN_VERSION..=VERSION).contains(&v) {
             return Err(ReadError::BadHeader(format!(
-                "format version {v}, this reader understands version {VERSION}"
+                "format version {v}, this reader understands versions {MIN_VERSION} to {VERSION}"
             )));
         }
-        Ok(Reader { inner, offset: HEADER_LEN as u64, last_time_ns: 0, buf: Vec::new(), done: false })
+        Ok(Reader { inner, offset: HEADER_LEN as u64, version: v, prev: Prev::default(), buf: Vec::new(), done: false })
     }
 
     /// Byte offset just past the last record returned.
@@ -541,7 +556,7 @@ impl<R: Read> Reader<R> {
             Ok(_) => return Err(self.fail(ReadError::Truncated { offset: start })),
             Err(e) => return Err(self.fail(ReadError::Io(e))),
         }
-        let rec = match decode(t[0], &self.buf, &mut self.last_time_ns) {
+        let rec = match decode(t[0], &self.buf, self.version, &mut self.prev) {
             Ok(r) => r,
             Err(what) => return Err(self.fail(ReadError::Corrupt { offset: start, what })),
         };
@@ -646,7 +661,7 @@ impl<'a> Payload<'a> {
     }
 }
 
-fn decode(t: u8, b: &[u8], last_time_ns: &mut u64) -> Result<Record, String> {
+fn decode(t: u8, b: &[u8], version: u16, prev: &mut Prev) -> Result<Record, String> {
     let mut p = Payload { b, pos: 0 };
     let rec = match t {
         tag::PROCESS => {
@@ -707,13 +722,19 @@ fn decode(t: u8, b: &[u8], last_time_ns: &mut u64) -> Result<Record, String> {
         tag::EVENT => {
             let api = p.u32("api id")?;
             let dt = p.sv()?;
-            let time_ns = last_time_ns.wrapping_add(dt as u64);
-            *last_time_ns = time_ns;
-            let tid = p.u32("thread id")?;
+            let time_ns = prev.time_ns.wrapping_add(dt as u64);
+            let tid = if version >= 2 {
+                let t = (prev.tid as i64).wrapping_add(p.sv()?);
+                u32::try_from(t).map_err(|_| format!("thread id {t} out of range"))?
+            } else {
+                p.u32("thread id")?
+            };
             let stack = p.u32("stack id")?;
             let result = p.u32("result code")?;
             let device = p.sv()?;
             let device = i32::try_from(device).map_err(|_| format!("device {device} out of range"))?;
+            let addr = if version >= 2 { prev.addr.wrapping_add(p.sv()? as u64) } else { p.uv()? };
+            *prev = Prev { time_ns, tid, addr };
             Record::Event(Event {
                 api,
                 time_ns,
@@ -721,7 +742,7 @@ fn decode(t: u8, b: &[u8], last_time_ns: &mut u64) -> Result<Record, String> {
                 stack,
                 result,
                 device,
-                addr: p.uv()?,
+                addr,
                 size: p.uv()?,
                 stream: p.uv()?,
                 extra: p.uv()?,
@@ -897,8 +918,10 @@ mod tests {
 
     #[test]
     fn events_of_the_first_writer_without_a_python_stack_still_read() {
-        // Version 1 events were first written without the trailing `pystack` field.
+        // Version 1 events were first written without the trailing `pystack` field, with the
+        // thread and address as plain numbers.
         let mut bytes = header().to_vec();
+        bytes[8] = 1;
         bytes.extend_from_slice(&[tag::EVENT, 10, 1, 2, 3, 4, 0, 0, 5, 6, 0, 0]);
         let rec = Reader::new(&bytes[..]).unwrap().next_record().unwrap().unwrap();
         let Record::Event(e) = rec else { panic!("{rec:?}") };
@@ -920,6 +943,8 @@ mod tests {
         assert!(matches!(Reader::new(&b"NOTATRACEFILE..."[..]), Err(ReadError::BadHeader(_))));
         let mut h = header();
         h[8] = 99;
+        assert!(matches!(Reader::new(&h[..]), Err(ReadError::BadHeader(_))));
+        h[8] = 0;
         assert!(matches!(Reader::new(&h[..]), Err(ReadError::BadHeader(_))));
     }
 }

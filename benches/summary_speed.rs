@@ -1,0 +1,91 @@
+//! `cargo bench --bench summary_speed`: how long `gpumemtrace summary` takes on a 10-million-event
+//! trace, and how much memory it needs (it should grow with the live set, not the event count).
+//!
+//! The trace is synthetic but shaped like a training run: a few hundred distinct stacks, alloc/free
+//! pairs with address reuse, a slowly growing set of leaks, and one failed allocation.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use gpumemtrace_format::{header, Api, Encoder, Event, MemKind, Op, Process, Record, Stack};
+
+fn write_trace(path: &Path, events: u64) {
+    let mut out = Vec::with_capacity(1 << 24);
+    out.extend_from_slice(&header());
+    let mut enc = Encoder::new();
+    let mut put = |rec: &Record, out: &mut Vec<u8>| enc.encode(rec, out);
+    put(&Record::Process(Process { pid: 1, max_frames: 64, ..Process::default() }), &mut out);
+    put(&Record::Api(Api { id: 0, name: "cudaMalloc".into(), kind: MemKind::Device, op: Op::Alloc }), &mut out);
+    put(&Record::Api(Api { id: 1, name: "cudaFree".into(), kind: MemKind::Device, op: Op::Free }), &mut out);
+    for id in 1..=300u32 {
+        let frames: Vec<u64> = (0..40).map(|i| 0x5555_0000_0000 + (id as u64) * 0x1000 + i * 0x40).collect();
+        put(&Record::Stack(Stack { id, frames }), &mut out);
+    }
+    let mut f = std::fs::File::create(path).unwrap();
+    let mut t = 0u64;
+    let mut n = 0u64;
+    let mut leak = 0u64;
+    while n < events {
+        // 64 live slots reused round-robin; every 1000th pair leaks instead of freeing.
+        let slot = n / 2 % 64;
+        let addr = 0x7f00_0000_0000 + slot * (1 << 24);
+        let stack = (n / 2 % 300) as u32 + 1;
+        let size = (1 + n % 7) << 20;
+        t += 1000;
+        put(&Record::Event(Event { api: 0, time_ns: t, tid: 1, stack, addr, size, ..Event::default() }), &mut out);
+        t += 1000;
+        if (n / 2) % 1000 == 999 {
+            leak += 1;
+            let addr = 0x7e00_0000_0000 + leak * (1 << 24);
+            put(&Record::Event(Event { api: 0, time_ns: t, tid: 1, stack, addr, size, ..Event::default() }), &mut out);
+        } else {
+            put(&Record::Event(Event { api: 1, time_ns: t, tid: 1, stack, addr, ..Event::default() }), &mut out);
+        }
+        n += 2;
+        if out.len() > 1 << 24 {
+            f.write_all(&out).unwrap();
+            out.clear();
+        }
+    }
+    put(&Record::Event(Event { api: 0, time_ns: t + 1, tid: 1, stack: 1, result: 2, size: 1 << 40, ..Event::default() }), &mut out);
+    f.write_all(&out).unwrap();
+}
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let status = Command::new("cargo").args(["build", "--release", "-p", "gpumemtrace-cli"]).current_dir(root).status().unwrap();
+    assert!(status.success());
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(Into::into).unwrap_or_else(|| root.join("target"));
+    let cli = target.join("release/gpumemtrace");
+    let dir = target.join("bench-scratch");
+    std::fs::create_dir_all(&dir).unwrap();
+    let events: u64 = std::env::var("EVENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000_000);
+    let trace = dir.join(format!("synthetic-{events}.trace"));
+    if !trace.exists() {
+        write_trace(&trace, events);
+    }
+    let bytes = std::fs::metadata(&trace).unwrap().len();
+    println!("| events | trace MiB | bytes/event | run | wall s | max RSS MiB |");
+    println!("|---|---|---|---|---|---|");
+    for args in [&["summary"][..], &["summary", "--json"][..]] {
+        let t0 = Instant::now();
+        let out = Command::new(&cli).args(args).arg(&trace).output().unwrap();
+        let wall = t0.elapsed().as_secs_f64();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        // SAFETY: getrusage on a zeroed struct we own.
+        let rss_kib = unsafe {
+            let mut ru: libc::rusage = std::mem::zeroed();
+            libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
+            ru.ru_maxrss
+        };
+        println!(
+            "| {events} | {:.0} | {:.1} | `gpumemtrace {}` | {wall:.2} | {:.0} |",
+            bytes as f64 / (1 << 20) as f64,
+            bytes as f64 / events as f64,
+            args.join(" "),
+            rss_kib as f64 / 1024.0
+        );
+    }
+}
