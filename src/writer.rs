@@ -121,6 +121,10 @@ impl Writer {
             self.write_codes(codes);
         }
         let seq = msg.seq();
+        if seq == self.next_seq && self.pending.is_empty() {
+            self.next_seq += 1; // the usual case: in order, nothing waiting
+            return self.write_msg(msg);
+        }
         if seq < self.next_seq {
             return self.write_msg(msg); // its gap was given up on: late, but not lost
         }

@@ -141,6 +141,11 @@ fn phase_filter_answers_what_a_phase_allocated() {
     assert_eq!(folded_total(&opt), 8 * MIB);
     let o = gmt(&["flamegraph", s(&t), "--folded", "--phase", "nosuch"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("no phase named \"nosuch\""));
+    // summary answers the same question.
+    let json: serde_json::Value = serde_json::from_str(&ok(&["summary", "--json", "--phase", "backward", s(&t)])).unwrap();
+    let allocated: u64 =
+        json["traces"][0]["groups"].as_array().unwrap().iter().map(|g| g["allocated_bytes"].as_u64().unwrap()).sum();
+    assert_eq!(allocated, 64 * MIB);
 }
 
 fn attr<'a>(tag: &'a str, name: &str) -> &'a str {

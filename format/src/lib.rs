@@ -492,9 +492,16 @@ pub struct Reader<R: Read> {
     offset: u64,
     version: u16,
     prev: Prev,
+    /// Read-ahead: unread bytes are `buf[pos..end]`.
     buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+    eof: bool,
     done: bool,
 }
+
+/// Bytes read from the source at a time.
+const READ_CHUNK: usize = 256 * 1024;
 
 impl<R: Read> Reader<R> {
     /// Checks the header. Fails on a file that is not a trace or has an unknown version.
@@ -516,7 +523,17 @@ impl<R: Read> Reader<R> {
                 "format version {v}, this reader understands versions {MIN_VERSION} to {VERSION}"
             )));
         }
-        Ok(Reader { inner, offset: HEADER_LEN as u64, version: v, prev: Prev::default(), buf: Vec::new(), done: false })
+        Ok(Reader {
+            inner,
+            offset: HEADER_LEN as u64,
+            version: v,
+            prev: Prev::default(),
+            buf: Vec::new(),
+            pos: 0,
+            end: 0,
+            eof: false,
+            done: false,
+        })
     }
 
     /// Byte offset just past the last record returned.
@@ -530,62 +547,84 @@ impl<R: Read> Reader<R> {
             return Ok(None);
         }
         let start = self.offset;
-        let mut t = [0u8; 1];
-        match read_full(&mut self.inner, &mut t) {
-            Ok(0) => {
-                self.done = true;
-                return Ok(None);
-            }
-            Ok(_) => {}
-            Err(e) => return Err(self.fail(ReadError::Io(e))),
+        // Tag and length (a varint of at most 10 bytes), parsed from the buffer.
+        if let Err(e) = self.fill(11) {
+            return Err(self.fail(ReadError::Io(e)));
         }
-        let mut consumed = 1u64;
-        let len = match self.read_len(&mut consumed) {
-            Ok(l) => l,
-            Err(e) => return Err(self.fail(e)),
-        };
+        let avail = &self.buf[self.pos..self.end];
+        if avail.is_empty() {
+            self.done = true;
+            return Ok(None);
+        }
+        let tag = avail[0];
+        let mut len = 0u64;
+        let mut header = 0usize;
+        for i in 0..10 {
+            let Some(&b) = avail.get(1 + i) else {
+                return Err(self.fail(ReadError::Truncated { offset: start }));
+            };
+            len |= ((b & 0x7f) as u64) << (7 * i);
+            if b & 0x80 == 0 {
+                header = 2 + i;
+                break;
+            }
+        }
+        if header == 0 {
+            return Err(self.fail(ReadError::Corrupt { offset: start, what: "record length varint is too long".into() }));
+        }
         if len > MAX_RECORD_LEN {
             return Err(self.fail(ReadError::Corrupt {
                 offset: start,
                 what: format!("record length {len} exceeds the limit of {MAX_RECORD_LEN} bytes"),
             }));
         }
-        self.buf.resize(len as usize, 0);
-        match read_full(&mut self.inner, &mut self.buf) {
-            Ok(n) if n == len as usize => {}
-            Ok(_) => return Err(self.fail(ReadError::Truncated { offset: start })),
-            Err(e) => return Err(self.fail(ReadError::Io(e))),
+        let total = header + len as usize;
+        if let Err(e) = self.fill(total) {
+            return Err(self.fail(ReadError::Io(e)));
         }
-        let rec = match decode(t[0], &self.buf, self.version, &mut self.prev) {
+        if self.end - self.pos < total {
+            return Err(self.fail(ReadError::Truncated { offset: start }));
+        }
+        let payload = &self.buf[self.pos + header..self.pos + total];
+        let rec = match decode(tag, payload, self.version, &mut self.prev) {
             Ok(r) => r,
             Err(what) => return Err(self.fail(ReadError::Corrupt { offset: start, what })),
         };
-        self.offset = start + consumed + len;
+        self.pos += total;
+        self.offset = start + total as u64;
         Ok(Some(rec))
+    }
+
+    /// Makes at least `want` unread bytes available in `buf[pos..end]`, or all that remain.
+    fn fill(&mut self, want: usize) -> io::Result<()> {
+        if self.end - self.pos >= want || self.eof {
+            return Ok(());
+        }
+        // Keep the unread tail, then read in large chunks (records are bounded, so is this).
+        self.buf.copy_within(self.pos..self.end, 0);
+        self.end -= self.pos;
+        self.pos = 0;
+        let size = want.max(READ_CHUNK);
+        if self.buf.len() < size {
+            self.buf.resize(size, 0);
+        }
+        while self.end < want {
+            match self.inner.read(&mut self.buf[self.end..]) {
+                Ok(0) => {
+                    self.eof = true;
+                    break;
+                }
+                Ok(n) => self.end += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     fn fail(&mut self, e: ReadError) -> ReadError {
         self.done = true;
         e
-    }
-
-    fn read_len(&mut self, consumed: &mut u64) -> Result<u64, ReadError> {
-        let start = self.offset;
-        let mut v = 0u64;
-        for i in 0..10 {
-            let mut b = [0u8; 1];
-            match read_full(&mut self.inner, &mut b) {
-                Ok(0) => return Err(ReadError::Truncated { offset: start }),
-                Ok(_) => {}
-                Err(e) => return Err(ReadError::Io(e)),
-            }
-            *consumed += 1;
-            v |= ((b[0] & 0x7f) as u64) << (7 * i);
-            if b[0] & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(ReadError::Corrupt { offset: start, what: "record length varint is too long".into() })
     }
 }
 
@@ -616,7 +655,15 @@ struct Payload<'a> {
 }
 
 impl<'a> Payload<'a> {
+    #[inline]
     fn uv(&mut self) -> Result<u64, String> {
+        // Most numbers fit in one byte.
+        if let Some(&b) = self.b.get(self.pos) {
+            if b < 0x80 {
+                self.pos += 1;
+                return Ok(b as u64);
+            }
+        }
         let mut v = 0u64;
         for i in 0..10 {
             let Some(&b) = self.b.get(self.pos) else {
@@ -630,14 +677,17 @@ impl<'a> Payload<'a> {
         }
         Err("number is longer than 10 bytes".into())
     }
+    #[inline]
     fn u32(&mut self, what: &str) -> Result<u32, String> {
         let v = self.uv()?;
         u32::try_from(v).map_err(|_| format!("{what} {v} does not fit in 32 bits"))
     }
+    #[inline]
     fn sv(&mut self) -> Result<i64, String> {
         let v = self.uv()?;
         Ok(((v >> 1) as i64) ^ -((v & 1) as i64))
     }
+    #[inline]
     fn byte(&mut self) -> Result<u8, String> {
         let b = *self.b.get(self.pos).ok_or("record payload is too short")?;
         self.pos += 1;
@@ -656,6 +706,7 @@ impl<'a> Payload<'a> {
     fn string(&mut self) -> Result<String, String> {
         Ok(String::from_utf8_lossy(self.bytes()?).into_owned())
     }
+    #[inline]
     fn at_end(&self) -> bool {
         self.pos >= self.b.len()
     }

@@ -263,6 +263,9 @@ struct ReportArgs {
     /// Only this device (-1: host memory)
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     device: Option<i32>,
+    /// Only allocations made in this phase (NVTX range or gpumemtrace_push/mark name)
+    #[arg(long, value_name = "NAME")]
+    phase: Option<String>,
 }
 
 impl From<ReportArgs> for summary::Options {
@@ -272,6 +275,7 @@ impl From<ReportArgs> for summary::Options {
             top: a.top,
             frames: a.frames.max(1),
             device: a.device,
+            phase: a.phase,
         }
     }
 }

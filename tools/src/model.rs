@@ -8,10 +8,10 @@
 //! The model only records, by stack id; turning stacks into call sites is the reports' job.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
-use std::io::{self, BufReader, Read};
+use std::io::{self, Read};
+
+use rustc_hash::FxHashMap;
 use std::ops::ControlFlow;
-use std::path::Path;
 
 use gpumemtrace_format::{
     Api, Event, MemKind, Module, Op, Process, PyCode, PyFrame, ReadError, Reader, Record, Stats,
@@ -117,7 +117,7 @@ const MAX_BAD_FREES: usize = 100_000;
 #[derive(Debug, Default)]
 pub struct Trace {
     pub process: Option<Process>,
-    pub apis: HashMap<u32, Api>,
+    pub apis: FxHashMap<u32, Api>,
     pub modules: Vec<Module>,
     /// Interned stacks: return addresses, innermost first.
     pub stacks: HashMap<u32, Vec<u64>>,
@@ -146,9 +146,9 @@ pub struct Trace {
     /// Stack keys of events with a Python stack: [`PY_KEY`] and up, standing for a
     /// (native stack id, Python stack id) pair. Events without one keep their native stack id.
     pub combined: HashMap<u32, (u32, u32)>,
-    combined_ids: HashMap<(u32, u32), u32>,
+    combined_ids: FxHashMap<(u32, u32), u32>,
     /// The first thread seen using each stack key.
-    pub stack_tid: HashMap<u32, u32>,
+    pub stack_tid: FxHashMap<u32, u32>,
     /// Reports' additions (timeline, phases, allocated bytes by stack): see `timeseries`.
     pub ext: crate::timeseries::TraceExt,
     /// When a Python program finished: the time of the first event of the interpreter's
@@ -178,14 +178,9 @@ impl Trace {
 }
 
 impl Trace {
-    /// Loads the trace at `path`. Fails only when the file cannot be read or is not a trace;
-    /// a truncated or corrupt trace loads what precedes the bad byte (see [`Trace::outcome`]).
-    pub fn load(path: &Path) -> Result<Trace, String> {
-        Trace::load_from(|| File::open(path).map(BufReader::new))
-            .map_err(|e| format!("{}: {e}", path.display()))
-    }
-
-    /// Loads a trace from a source that can be opened twice (one per pass).
+    /// Loads a trace from a source that can be opened twice (one per pass). (Reports load
+    /// files through `timeseries::load`, which adds filters and a progress bar.)
+    #[cfg(test)]
     pub fn load_from<R: Read>(open: impl Fn() -> io::Result<R>) -> Result<Trace, String> {
         Trace::load_with(open, &Filter::default(), &mut |_| {})
     }
@@ -277,6 +272,7 @@ impl Trace {
         if let Some(last) = last_snapshot {
             let mut apis = HashMap::new();
             let mut again = Replay::with_filter(filter);
+            again.snapshot_only = true;
             // Errors were reported by pass 1, and pass 2 stops before reaching them.
             let _ = for_each_record(open().map_err(|e| e.to_string())?, |rec| {
                 match rec {
@@ -435,13 +431,13 @@ impl Applied {
 /// The replay state machine, shared by both passes so that they agree.
 #[derive(Default)]
 struct Replay {
-    live: HashMap<(u8, u64), Live>,
+    live: FxHashMap<(u8, u64), Live>,
     /// Allocations whose address was handed out again before their free reached the trace.
     /// Threads record in parallel: thread A frees X, thread B gets X back, and B's event can be
     /// written before A's (when the writer stopped waiting for A). A free's time is taken before
     /// its call and an allocation's after, so a free older than the live allocation at its
     /// address belongs to the allocation it displaced.
-    displaced: HashMap<(u8, u64), Vec<Live>>,
+    displaced: FxHashMap<(u8, u64), Vec<Live>>,
     groups: BTreeMap<GroupKey, Group>,
     devices: BTreeMap<i32, DeviceTotal>,
     failures: Vec<Failure>,
@@ -449,6 +445,8 @@ struct Replay {
     bad_frees_omitted: u64,
     /// Events applied so far.
     ordinal: u64,
+    /// Pass 2 only takes snapshots: the reports' series and tallies come from pass 1.
+    snapshot_only: bool,
     /// Filter, phases, time series (see `timeseries`).
     ext: ReplayExt,
 }
@@ -475,7 +473,9 @@ impl Replay {
         let applied = self.apply_admitted(api, e, ns);
         let key = applied.key;
         let live = self.groups.get(&key).map_or(0, |g| g.live_bytes);
-        self.ext.record(e, &applied, live);
+        if !self.snapshot_only {
+            self.ext.record(e, &applied, live);
+        }
         Some(applied)
     }
 

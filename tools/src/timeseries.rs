@@ -7,7 +7,7 @@
 //! [`MAX_BUCKETS`] min/max buckets per group and coarsens them as time goes on; phase spans
 //! are capped at [`MAX_SPANS`].
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
@@ -197,14 +197,17 @@ pub struct TraceExt {
 pub struct ReplayExt {
     filter: Filter,
     /// Live allocations the filter left out, so that their frees are left out too.
-    ignored: HashSet<(u8, u64)>,
+    ignored: rustc_hash::FxHashSet<(u8, u64)>,
     names: Vec<String>,
     index: HashMap<String, u32>,
     /// Open ranges per thread: name id, start.
-    threads: HashMap<u32, Vec<(u32, u64)>>,
+    threads: rustc_hash::FxHashMap<u32, Vec<(u32, u64)>>,
     mark: Option<(u32, u64)>,
     out: TraceExt,
-    allocated: HashMap<GroupKey, HashMap<u32, (u64, u64)>>,
+    allocated: rustc_hash::FxHashMap<GroupKey, rustc_hash::FxHashMap<u32, (u64, u64)>>,
+    /// `TraceExt::by_phase` while replaying, keyed by phase id (`u32::MAX`: none): no string
+    /// per event. Named in `finish`.
+    by_phase_id: rustc_hash::FxHashMap<(GroupKey, u32), PhaseUse>,
     last_live: u64,
 }
 
@@ -325,8 +328,7 @@ impl ReplayExt {
     /// Records an admitted event; `live`: its group's live bytes after it.
     pub fn record(&mut self, e: &Event, a: &Applied, live: u64) {
         self.last_live = live;
-        let phase = self.current(e.tid);
-        let phase_name = |s: &Self| phase.map_or(String::new(), |i| s.names[i as usize].clone());
+        let phase = self.current(e.tid).unwrap_or(u32::MAX);
         match a.kind {
             super::timeseries::StepKind::Alloc => {
                 self.out.series.entry(a.key).or_default().add(e.time_ns, live);
@@ -338,16 +340,12 @@ impl ReplayExt {
                     .or_default();
                 u.0 += a.size;
                 u.1 += 1;
-                let name = phase_name(self);
-                let p = self.out.by_phase.entry((a.key, name)).or_default();
+                let p = self.by_phase_id.entry((a.key, phase)).or_default();
                 p.allocations += 1;
                 p.bytes += a.size;
             }
             StepKind::Free => self.out.series.entry(a.key).or_default().add(e.time_ns, live),
-            StepKind::FailedAlloc => {
-                let name = phase_name(self);
-                self.out.by_phase.entry((a.key, name)).or_default().failed += 1;
-            }
+            StepKind::FailedAlloc => self.by_phase_id.entry((a.key, phase)).or_default().failed += 1,
             StepKind::BadFree | StepKind::Ignored => {}
         }
     }
@@ -387,6 +385,10 @@ impl ReplayExt {
         self.out
             .spans
             .sort_by_key(|a| (a.start_ns, a.depth, a.tid));
+        for ((key, id), u) in std::mem::take(&mut self.by_phase_id) {
+            let name = self.names.get(id as usize).cloned().unwrap_or_default();
+            self.out.by_phase.insert((key, name), u);
+        }
         for (key, by) in self.allocated {
             let mut v: Vec<StackUse> = by
                 .into_iter()

@@ -20,6 +20,8 @@ pub struct Options {
     /// Frames shown per site in the terminal, starting at the site.
     pub frames: usize,
     pub device: Option<i32>,
+    /// Only allocations made in this phase (see docs/format.md, "Phases").
+    pub phase: Option<String>,
 }
 
 impl Default for Options {
@@ -29,6 +31,7 @@ impl Default for Options {
             top: None,
             frames: 1,
             device: None,
+            phase: None,
         }
     }
 }
@@ -189,8 +192,9 @@ pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result
     let mut sym = Symbolizer::new();
     let mut reports = Vec::new();
     let mut all_read = true;
+    let filter = crate::timeseries::Filter { device: None, phase: opts.phase.clone() };
     for path in paths {
-        match Trace::load(path) {
+        match crate::timeseries::load(path, &filter, &mut |_| {}) {
             Ok(trace) => {
                 warn_outcome(path, &trace.outcome);
                 reports.push(build(path, &trace, &mut sym, opts));
