@@ -79,9 +79,23 @@ fn record(id: Id, result: Status, f: Fields, seq: u64, time: u64) {
         None => resolve::current_device(),
     };
     // Python frames first: cheap, and they name the code objects the writer must describe.
-    let py = crate::python::capture(time).map(Box::new);
+    let py = crate::python::capture(time);
     let known: Vec<(u64, u64)> =
         py.as_ref().map(|p| p.new_codes.iter().map(|c| (c.code, c.sig)).collect()).unwrap_or_default();
+    // Like native stacks, a Python stack crosses the channel once per thread; after that its key
+    // alone (no allocation here, none freed on the writer's thread).
+    let py_tstate = py.as_ref().is_some_and(|p| p.has_tstate);
+    let (py, py_key) = match py {
+        None => (None, 0),
+        Some(p) => {
+            let key = crate::python::stack_key(&p.frames);
+            if key != 0 && p.new_codes.is_empty() && py_stack_sent(key) {
+                (None, key)
+            } else {
+                (Some(Box::new(p)), key)
+            }
+        }
+    };
     let event = tracer::RawEvent {
         seq,
         api: id as u32,
@@ -95,6 +109,8 @@ fn record(id: Id, result: Status, f: Fields, seq: u64, time: u64) {
         extra: f.extra,
         frames: unwind::capture(tracer::max_frames()),
         py,
+        py_key,
+        py_tstate,
         thread_name: first_event_name(),
     };
     tracer::submit(event);
@@ -179,6 +195,31 @@ pub unsafe fn out<T: Addr>(r: Status, p: *mut T) -> u64 {
     }
     // SAFETY: the real call succeeded, so it wrote a value through this non-null pointer.
     unsafe { p.read() }.addr()
+}
+
+/// Python stack keys this thread has sent (direct-mapped: a lost slot only means the frames are
+/// sent again), for the tracer start (`tracer::epoch`) they belong to.
+const PY_SEEN: usize = 256;
+
+thread_local! {
+    static PY_SENT: std::cell::RefCell<([u64; PY_SEEN], u64)> = const { std::cell::RefCell::new(([0; PY_SEEN], 0)) };
+}
+
+/// Whether this thread already sent the Python stack `key` (and marks it sent).
+fn py_stack_sent(key: u64) -> bool {
+    let epoch = tracer::epoch();
+    PY_SENT
+        .try_with(|s| {
+            let Ok(mut s) = s.try_borrow_mut() else { return false };
+            if s.1 != epoch {
+                *s = ([0; PY_SEEN], epoch);
+            }
+            let slot = &mut s.0[(key % PY_SEEN as u64) as usize];
+            let sent = *slot == key;
+            *slot = key;
+            sent
+        })
+        .unwrap_or(false)
 }
 
 thread_local! {

@@ -51,6 +51,18 @@ pub struct RawPyFrame {
     pub flags: u8,
 }
 
+/// 64-bit key of a Python stack (0 only for no frames), as the native stacks' (`unwind::hash`).
+pub fn stack_key(frames: &[RawPyFrame]) -> u64 {
+    if frames.is_empty() {
+        return 0;
+    }
+    let words: Vec<u64> = frames
+        .iter()
+        .flat_map(|f| [f.code, f.sig, (f.instr as u64) << 8 | f.flags as u64])
+        .collect();
+    crate::unwind::hash(&words)
+}
+
 /// What the writer needs of a code object, copied while it was certainly alive.
 #[derive(Clone, Debug)]
 pub struct CodeInfo {

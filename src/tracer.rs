@@ -80,8 +80,13 @@ pub struct RawEvent {
     pub stream: u64,
     pub extra: u64,
     pub frames: crate::unwind::Stack,
-    /// The calling thread's Python stack; `None` when no supported interpreter runs.
+    /// The calling thread's Python stack, the first time this thread sends it; `None` when no
+    /// supported interpreter runs or when `py_key` names a stack this thread sent before.
     pub py: Option<Box<crate::python::PyCapture>>,
+    /// Hash of the Python stack (0: none).
+    pub py_key: u64,
+    /// The thread had a Python thread state.
+    pub py_tstate: bool,
     /// The thread's name, on its first event.
     pub thread_name: Option<String>,
 }

@@ -52,6 +52,8 @@ pub struct Writer {
     /// Python stacks as the hook captured them, by a fast hash: most events repeat a stack,
     /// and this finds its id without re-mapping and re-hashing every frame.
     py_raw: HashMap<u64, Vec<(Vec<crate::python::RawPyFrame>, u32)>>,
+    /// Python stack ids by the hot path's key (`python::stack_key`).
+    py_by_key: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
     /// Threads a Thread record was written for.
     threads: HashSet<u32>,
     /// Objects written to the trace, by (path, bias).
@@ -88,6 +90,7 @@ impl Writer {
             py_codes: HashMap::new(),
             py_stacks: HashMap::new(),
             py_raw: HashMap::new(),
+            py_by_key: HashMap::default(),
             threads: HashSet::new(),
             modules: Vec::new(),
             unmapped: HashSet::new(),
@@ -175,10 +178,18 @@ impl Writer {
             self.notice(&n);
         }
         if self.threads.insert(ev.tid) {
-            self.thread(ev.tid, ev.thread_name, ev.py.as_ref().is_some_and(|p| p.has_tstate));
+            self.thread(ev.tid, ev.thread_name, ev.py_tstate);
         }
         let pystack = match ev.py {
-            Some(py) => self.intern_py(*py),
+            Some(py) => {
+                let id = self.intern_py(*py);
+                if ev.py_key != 0 {
+                    self.py_by_key.insert(ev.py_key, id);
+                }
+                id
+            }
+            // A stack the thread sent before: its key is enough.
+            None if ev.py_key != 0 => self.py_by_key.get(&ev.py_key).copied().unwrap_or(0),
             None => 0,
         };
         let stack = self.intern(ev.frames);
