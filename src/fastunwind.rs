@@ -75,9 +75,15 @@ static BUILDING: Mutex<()> = Mutex::new(());
 /// Snapshots are leaked (a thread may still read an old one): bound how many.
 const MAX_REBUILDS: usize = 256;
 
+/// Addresses in no loaded object even after a rebuild (JIT code, a stack's garbage end): a
+/// per-thread direct-mapped set, so that they do not cost a loader query, or a rebuild, each time.
+const NOWHERE: usize = 64;
+
 thread_local! {
     /// This thread's stack: [low, high). (0, 0) until asked.
     static STACK: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    /// ...for the snapshot (by address) they were found missing from: a new snapshot may know them.
+    static NOWHERE_SEEN: Cell<([u64; NOWHERE], usize)> = const { Cell::new(([0; NOWHERE], 0)) };
     static CACHE: RefCell<Option<Box<CacheX86_64>>> = const { RefCell::new(None) };
 }
 
@@ -126,11 +132,14 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)]) -> Result
                         }
                         None => false,
                     };
-                    if !known && !rebuilt && loader_changed(snap) {
-                        // A library loaded since the snapshot: re-read the objects and start over.
-                        rebuilt = true;
-                        snap = rebuild()?;
-                        continue 'again;
+                    if !known && !nowhere(snap, addr) {
+                        if !rebuilt && loader_changed(snap) {
+                            // A library loaded since the snapshot: re-read the objects, start over.
+                            rebuilt = true;
+                            snap = rebuild()?;
+                            continue 'again;
+                        }
+                        remember_nowhere(snap, addr);
                     }
                     if in_tracer && skip.iter().any(|&(s, e)| addr >= s && addr < e) {
                         continue;
@@ -146,6 +155,27 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)]) -> Result
             }
         })
         .map_err(|_| Unavailable)?
+}
+
+fn nowhere(snap: &Snapshot, addr: u64) -> bool {
+    let id = snap as *const Snapshot as usize;
+    NOWHERE_SEEN.try_with(|s| {
+        let (set, of) = s.get();
+        of == id && set[(addr % NOWHERE as u64) as usize] == addr
+    })
+    .unwrap_or(false)
+}
+
+fn remember_nowhere(snap: &Snapshot, addr: u64) {
+    let id = snap as *const Snapshot as usize;
+    let _ = NOWHERE_SEEN.try_with(|s| {
+        let (mut set, of) = s.get();
+        if of != id {
+            set = [0; NOWHERE];
+        }
+        set[(addr % NOWHERE as u64) as usize] = addr;
+        s.set((set, id));
+    });
 }
 
 /// The instruction pointer, stack pointer and frame pointer at one point of `capture`.

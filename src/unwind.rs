@@ -119,12 +119,19 @@ pub fn hash(frames: &[u64]) -> u64 {
     }
 }
 
+/// Stacks the fast unwinder could not take (libgcc's took them): reported in the trace, since
+/// a process where this happens often pays libgcc's price per event.
+pub static FALLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 fn capture_into(frames: &mut Vec<u64>, max: usize) {
     frames.clear();
     let ours = ours();
     #[cfg(target_arch = "x86_64")]
-    if use_fast() && crate::fastunwind::capture(frames, max, ours).is_ok() {
-        return;
+    if use_fast() {
+        if crate::fastunwind::capture(frames, max, ours).is_ok() {
+            return;
+        }
+        FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     frames.clear();
     let mut in_tracer = true;

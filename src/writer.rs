@@ -347,6 +347,13 @@ impl Writer {
 
     /// Counters; `final_` marks a cleanly finished trace.
     pub fn stats(&mut self, final_: bool) {
+        let fallbacks = crate::unwind::FALLBACKS.load(std::sync::atomic::Ordering::Relaxed);
+        if fallbacks > 0 {
+            self.notice(&format!(
+                "the fast unwinder could not take {fallbacks} of {} native stacks; libgcc's unwinder did",
+                self.events
+            ));
+        }
         let s = fmt::Stats { events: self.events, dropped: self.dropped, final_ };
         self.put(&Record::Stats(s));
     }
