@@ -289,7 +289,7 @@ fn build() -> Snapshot {
                 // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
                 unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) }
             };
-            let bias = info.dlpi_addr as u64;
+            let bias = info.dlpi_addr;
             let mut f = Found { name: String::new(), bias, loads: Vec::new(), eh_frame_hdr: None };
             for ph in phdrs {
                 match ph.p_type {

@@ -61,7 +61,7 @@ unsafe extern "C" fn collect(info: *mut libc::dl_phdr_info, _size: usize, data: 
         } else {
             name.to_owned()
         };
-        let bias = info.dlpi_addr as u64;
+        let bias = info.dlpi_addr;
         let phdrs = if info.dlpi_phdr.is_null() {
             &[][..]
         } else {

@@ -403,7 +403,7 @@ fn debug_offsets(layout: &mut Layout) -> Result<(), String> {
 /// lower half (user space), past the first page.
 #[inline]
 fn plausible(p: u64, align: u64) -> bool {
-    p >= 4096 && p < (1 << 47) && p % align == 0
+    (4096..(1 << 47)).contains(&p) && p.is_multiple_of(align)
 }
 
 /// # Safety

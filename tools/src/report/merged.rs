@@ -45,6 +45,9 @@ pub struct CombinedDevice {
     pub live_bytes_at_end: u64,
 }
 
+/// A live allocation: device, size, time of the allocation.
+type LiveAlloc = (i32, u64, u64);
+
 /// One trace being read, with its next event.
 struct Source {
     pid: u32,
@@ -53,8 +56,8 @@ struct Source {
     apis: HashMap<u32, Api>,
     next: Option<Event>,
     /// (device, size, time) by address; `displaced` as in the model's replay.
-    live: HashMap<(u8, u64), (i32, u64, u64)>,
-    displaced: HashMap<(u8, u64), Vec<(i32, u64, u64)>>,
+    live: HashMap<(u8, u64), LiveAlloc>,
+    displaced: HashMap<(u8, u64), Vec<LiveAlloc>>,
     peaks: BTreeMap<i32, u64>,
     device_live: BTreeMap<i32, u64>,
     rank: Option<u32>,

@@ -480,7 +480,7 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
         let mut head = format!(
             "{}, {} memory: {}, {} allocated, {}, {} failed",
             // Address reservations belong to no device; only pinned memory is "host".
-            if g.device < 0 && g.kind.to_string() != "host-pinned" {
+            if g.device < 0 && g.kind != "host-pinned" {
                 "no device".to_string()
             } else {
                 device_name(g.device)
