@@ -56,11 +56,8 @@ pub fn stack_key(frames: &[RawPyFrame]) -> u64 {
     if frames.is_empty() {
         return 0;
     }
-    let words: Vec<u64> = frames
-        .iter()
-        .flat_map(|f| [f.code, f.sig, (f.instr as u64) << 8 | f.flags as u64])
-        .collect();
-    crate::unwind::hash(&words)
+    let words = frames.iter().flat_map(|f| [f.code, f.sig, (f.instr as u64) << 8 | f.flags as u64]);
+    crate::unwind::hash_words(3 * frames.len(), words)
 }
 
 /// What the writer needs of a code object, copied while it was certainly alive.

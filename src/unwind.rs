@@ -99,7 +99,12 @@ pub fn capture(max: usize) -> Stack {
 
 /// 64-bit hash of a stack (0 only for no frames): a multiply-fold mix per frame.
 pub fn hash(frames: &[u64]) -> u64 {
-    if frames.is_empty() {
+    hash_words(frames.len(), frames.iter().copied())
+}
+
+/// [`hash`] of `n` words given one by one (no buffer needed).
+pub fn hash_words(n: usize, words: impl IntoIterator<Item = u64>) -> u64 {
+    if n == 0 {
         return 0;
     }
     const K: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -107,8 +112,8 @@ pub fn hash(frames: &[u64]) -> u64 {
         let m = (a as u128).wrapping_mul(b as u128);
         (m as u64) ^ ((m >> 64) as u64)
     };
-    let mut h = frames.len() as u64 ^ 0x243F_6A88_85A3_08D3;
-    for &f in frames {
+    let mut h = n as u64 ^ 0x243F_6A88_85A3_08D3;
+    for f in words {
         h = mix(h ^ f, K);
     }
     let h = mix(h, 0xD6E8_FEB8_6659_FD93);

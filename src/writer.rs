@@ -49,9 +49,6 @@ pub struct Writer {
     /// Python code objects written, by (address, signature): see `python.rs`.
     py_codes: HashMap<(u64, u64), u32>,
     py_stacks: HashMap<Vec<fmt::PyFrame>, u32>,
-    /// Python stacks as the hook captured them, by a fast hash: most events repeat a stack,
-    /// and this finds its id without re-mapping and re-hashing every frame.
-    py_raw: HashMap<u64, Vec<(Vec<crate::python::RawPyFrame>, u32)>>,
     /// Python stack ids by the hot path's key (`python::stack_key`).
     py_by_key: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
     /// Threads a Thread record was written for.
@@ -89,7 +86,6 @@ impl Writer {
             stacks: HashMap::default(),
             py_codes: HashMap::new(),
             py_stacks: HashMap::new(),
-            py_raw: HashMap::new(),
             py_by_key: HashMap::default(),
             threads: HashSet::new(),
             modules: Vec::new(),
@@ -181,13 +177,7 @@ impl Writer {
             self.thread(ev.tid, ev.thread_name, ev.py_tstate);
         }
         let pystack = match ev.py {
-            Some(py) => {
-                let id = self.intern_py(*py);
-                if ev.py_key != 0 {
-                    self.py_by_key.insert(ev.py_key, id);
-                }
-                id
-            }
+            Some(py) => self.intern_py(*py, ev.py_key),
             // A stack the thread sent before: its key is enough.
             None if ev.py_key != 0 => self.py_by_key.get(&ev.py_key).copied().unwrap_or(0),
             None => 0,
@@ -250,21 +240,17 @@ impl Writer {
         self.put(&Record::Thread(fmt::Thread { tid, name, python }));
     }
 
-    /// Writes the code objects seen for the first time, then the stack (once); returns its id.
-    fn intern_py(&mut self, py: crate::python::PyCapture) -> u32 {
-        self.write_codes(py.new_codes);
+    /// The id of a Python stack the hook sent with its frames, keyed by the hook's hash (the
+    /// code objects were written when the message arrived, see `message`).
+    fn intern_py(&mut self, py: crate::python::PyCapture, key: u64) -> u32 {
         if py.frames.is_empty() {
             return 0;
         }
-        let mut h = 0xcbf2_9ce4_8422_2325u64;
-        for f in &py.frames {
-            h = (h ^ f.code ^ f.sig.rotate_left(17) ^ ((f.instr as u64) << 8 | f.flags as u64)).wrapping_mul(0x0100_0000_01b3);
-        }
-        if let Some(id) = self.py_raw.get(&h).and_then(|v| v.iter().find(|(raw, _)| *raw == py.frames)).map(|(_, id)| *id) {
+        if let Some(&id) = self.py_by_key.get(&key) {
             return id;
         }
         let id = self.py_stack_id(&py.frames);
-        self.py_raw.entry(h).or_default().push((py.frames, id));
+        self.py_by_key.insert(key, id);
         id
     }
 
