@@ -160,7 +160,10 @@ pub fn disable(why: &str) {
     STATE.store(OFF, SeqCst);
     if !WARNED.swap(true, SeqCst) {
         *DISABLED_WHY.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.to_owned());
-        eprintln!("gpumemtrace: {why}; tracing is off for the rest of this process");
+        // One write for the whole line: `eprintln!` writes it in pieces, and a process exiting
+        // meanwhile (this may run on the writer thread) would leave half a line.
+        let line = format!("gpumemtrace: {why}; tracing is off for the rest of this process\n");
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
     }
 }
 
@@ -434,7 +437,12 @@ fn write_out(t: &Tracer, final_: bool) {
         w.notice(&format!("tracing stopped early: {why}"));
     }
     w.stats(final_);
-    let _ = w.flush();
+    if let Err(e) = w.flush() {
+        // The writer thread may not have met the error yet (a disk that filled at the end).
+        let msg = format!("cannot write {}: {e}", w.path.display());
+        drop(w);
+        disable(&msg);
+    }
 }
 
 /// In a forked child only the forking thread exists: abandon the parent's tracer (its lock may
