@@ -49,3 +49,14 @@ pub struct CUmemAllocationProp {
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 /// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM` (and `cudaEnablePerThreadDefaultStream`).
 pub const PER_THREAD_DEFAULT_STREAM: u64 = 2;
+
+/// `c10::Device` as PyTorch passes it by value: two `int8_t`s (device type, index), one register.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct C10Device {
+    pub type_: i8,
+    pub index: i8,
+}
+
+/// `c10::DeviceType::CUDA`.
+pub const C10_CUDA: i8 = 1;

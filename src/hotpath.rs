@@ -15,9 +15,9 @@ use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use gpumemtrace_format::Op;
+use gpumemtrace_format::{event_flags, Op};
 
-use crate::cuda::{Status, SUCCESS};
+use crate::cuda::{C10Device, Status, C10_CUDA, SUCCESS};
 use crate::guard::Guard;
 use crate::table::Id;
 use crate::{resolve, tracer, unwind};
@@ -55,6 +55,74 @@ pub fn traced(id: Id, call: impl FnOnce() -> Status, describe: impl FnOnce(Statu
     result
 }
 
+/// A caching allocator's report of one block (`table`'s `reports`): `size` > 0 hands the block
+/// out, < 0 takes it back. Only GPU blocks are recorded (PyTorch reports CPU memory here too);
+/// `forward` always runs, with the caller's exact arguments.
+pub fn block(ptr: u64, size: i64, device: C10Device, totals: Option<(u64, u64)>, forward: impl FnOnce()) {
+    let Some(_guard) = Guard::enter() else {
+        return forward();
+    };
+    if tracer::is_off() || device.type_ != C10_CUDA || size == 0 || ptr == 0 {
+        return forward();
+    }
+    let (allocated, reserved) = totals.unwrap_or((0, 0));
+    let fields = Fields {
+        addr: ptr,
+        size: size.unsigned_abs(),
+        stream: 0,
+        extra: 0,
+        device: Some(device.index as i32),
+        totals: (allocated, reserved),
+    };
+    if size < 0 {
+        // A free needs no stack: numbered and timed before the block can be handed out again,
+        // with one bit saying whether the program (not the interpreter's shutdown) freed it.
+        let recorded = catch_unwind(AssertUnwindSafe(|| {
+            let (seq, time) = (tracer::next_seq(), tracer::now_ns());
+            let flags = if crate::python::has_frames() { event_flags::PYTHON } else { 0 };
+            (seq, time, flags)
+        }));
+        forward();
+        match recorded {
+            Ok((seq, time, flags)) => report_panic(catch_unwind(AssertUnwindSafe(|| {
+                if tracer::ensure_started() {
+                    tracer::submit(bare_event(Id::block_free, fields, seq, time, flags));
+                }
+            }))),
+            Err(_) => tracer::disable("internal error while describing a block free"),
+        }
+        return;
+    }
+    forward();
+    report_panic(catch_unwind(AssertUnwindSafe(|| {
+        record(Id::block_alloc, SUCCESS, fields, tracer::next_seq(), tracer::now_ns())
+    })));
+}
+
+/// An event without stacks.
+fn bare_event(id: Id, f: Fields, seq: u64, time: u64, flags: u32) -> tracer::RawEvent {
+    tracer::RawEvent {
+        seq,
+        api: id as u32,
+        time_ns: time,
+        tid: thread_id(),
+        result: 0,
+        device: f.device.unwrap_or(-1),
+        addr: f.addr,
+        size: f.size,
+        stream: f.stream,
+        extra: f.extra,
+        total_allocated: f.totals.0,
+        total_reserved: f.totals.1,
+        flags,
+        frames: unwind::Stack { key: 0, frames: Vec::new() },
+        py: None,
+        py_key: 0,
+        py_tstate: false,
+        thread_name: first_event_name(),
+    }
+}
+
 fn guarded_record(id: Id, result: Status, f: Fields, seq: u64, time: u64) {
     report_panic(catch_unwind(AssertUnwindSafe(|| record(id, result, f, seq, time))));
 }
@@ -85,6 +153,7 @@ fn record(id: Id, result: Status, f: Fields, seq: u64, time: u64) {
     // Like native stacks, a Python stack crosses the channel once per thread; after that its key
     // alone (no allocation here, none freed on the writer's thread).
     let py_tstate = py.as_ref().is_some_and(|p| p.has_tstate);
+    let flags = if py.as_ref().is_some_and(|p| !p.frames.is_empty()) { event_flags::PYTHON } else { 0 };
     let (py, py_key) = match py {
         None => (None, 0),
         Some(p) => {
@@ -107,6 +176,9 @@ fn record(id: Id, result: Status, f: Fields, seq: u64, time: u64) {
         size: f.size,
         stream: f.stream,
         extra: f.extra,
+        total_allocated: f.totals.0,
+        total_reserved: f.totals.1,
+        flags,
         frames: unwind::capture(tracer::max_frames()),
         py,
         py_key,
@@ -127,11 +199,13 @@ pub struct Fields {
     extra: u64,
     /// `None`: ask the driver for the calling thread's current device.
     device: Option<i32>,
+    /// An allocator's own (allocated, reserved) counters after the call (blocks only).
+    totals: (u64, u64),
 }
 
 /// An allocation (possibly failed: then `addr` is 0 and `size` is what was asked for).
 pub fn alloc(addr: u64, size: u64) -> Option<Fields> {
-    Some(Fields { addr, size, stream: 0, extra: 0, device: None })
+    Some(Fields { addr, size, stream: 0, extra: 0, device: None, totals: (0, 0) })
 }
 
 /// A free; freeing a null pointer is a no-op (often used just to initialise CUDA): no event.
@@ -139,7 +213,7 @@ pub fn free(addr: u64) -> Option<Fields> {
     if addr == 0 {
         return None;
     }
-    Some(Fields { addr, size: 0, stream: 0, extra: 0, device: None })
+    Some(Fields { addr, size: 0, stream: 0, extra: 0, device: None, totals: (0, 0) })
 }
 
 /// Builders for the optional parts, chainable on `Option<Fields>` so table lines stay short.

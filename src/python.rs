@@ -433,6 +433,39 @@ pub fn capture(now_ns: u64) -> Option<PyCapture> {
     Some(out)
 }
 
+/// Whether the calling thread is running Python code (has a current frame), at the cost of a
+/// few loads: what a free, which records no stack, says about its caller.
+pub fn has_frames() -> bool {
+    if !ENABLED.load(Relaxed) {
+        return false;
+    }
+    // Detection is left to `capture` (an allocation always comes first).
+    if STATE.load(Acquire) != READY {
+        return false;
+    }
+    let Some(interp) = INTERP.get() else { return false };
+    // SAFETY: as in `capture`.
+    if unsafe { (interp.is_initialized)() } == 0 {
+        return false;
+    }
+    // SAFETY: as in `capture`.
+    let tstate = unsafe { (interp.get_tstate)() } as u64;
+    if !plausible(tstate, 8) {
+        return false;
+    }
+    let l = &interp.layout;
+    // SAFETY: fields of this thread's live thread state (and its `_PyCFrame`, 3.11/3.12), at
+    // this version's offsets, as `walk` reads them.
+    let mut frame: u64 = unsafe { read(tstate + l.tstate_frame as u64) };
+    if let Some(off) = l.cframe_current {
+        if !plausible(frame, 8) {
+            return false;
+        }
+        frame = unsafe { read(frame + off as u64) };
+    }
+    plausible(frame, 8)
+}
+
 /// # Safety
 /// `tstate` must be the calling thread's thread state of the detected interpreter.
 unsafe fn walk(interp: &Interp, tstate: u64, out: &mut PyCapture) {

@@ -23,6 +23,9 @@ pub enum Layer {
     Runtime,
     /// The CUDA driver (`libcuda`): also reached through `cuGetProcAddress`.
     Driver,
+    /// A framework's caching allocator reporting its blocks (PyTorch's `libc10`), reached
+    /// through the PLT of the libraries that report; never routed by `dlsym`.
+    Allocator,
 }
 
 /// What the table knows of one hooked function.
@@ -35,6 +38,7 @@ pub struct Hook {
 }
 
 impl Hook {
+    /// The exported symbol (for records without a function of their own: their label).
     pub fn name(&self) -> &'static str {
         &self.symbol[..self.symbol.len() - 1]
     }
@@ -66,11 +70,17 @@ macro_rules! hook_table {
         routes {
             $( $rlayer:ident $rname:ident ; )*
         }
+        reports {
+            $( $bname:ident ( $($barg:ident : $bty:ty),* ) => $breport:expr ; )*
+        }
+        records {
+            $( $klayer:ident $kname:ident $kkind:ident $kop:ident $klabel:literal ; )*
+        }
     ) => {
         /// Index of a hook in [`HOOKS`].
         #[allow(non_camel_case_types)]
         #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-        pub enum Id { $($name,)* $($rname,)* }
+        pub enum Id { $($name,)* $($rname,)* $($bname,)* $($kname,)* }
 
         pub static HOOKS: &[Hook] = &[
             $( Hook {
@@ -83,9 +93,19 @@ macro_rules! hook_table {
                 layer: Layer::$rlayer,
                 event: None,
             }, )*
+            $( Hook {
+                symbol: concat!(stringify!($bname), "\0"),
+                layer: Layer::Allocator,
+                event: None,
+            }, )*
+            $( Hook {
+                symbol: concat!($klabel, "\0"),
+                layer: Layer::$klayer,
+                event: Some((MemKind::$kkind, Op::$kop)),
+            }, )*
         ];
 
-        pub const ALL: &[Id] = &[$(Id::$name,)* $(Id::$rname,)*];
+        pub const ALL: &[Id] = &[$(Id::$name,)* $(Id::$rname,)* $(Id::$bname,)* $(Id::$kname,)*];
 
         impl Id {
             /// Address of our hook for this function.
@@ -93,9 +113,30 @@ macro_rules! hook_table {
                 match self {
                     $( Id::$name => $name as *mut c_void, )*
                     $( Id::$rname => crate::routing::$rname as *mut c_void, )*
+                    $( Id::$bname => $bname as *mut c_void, )*
+                    // Records only: no function of ours stands for them.
+                    $( Id::$kname => null_mut(), )*
                 }
             }
         }
+
+        $(
+            #[no_mangle]
+            #[allow(non_snake_case, unused_unsafe, clippy::missing_safety_doc)]
+            pub unsafe extern "C" fn $bname($($barg: $bty),*) {
+                type Real = unsafe extern "C" fn($($bty),*);
+                // SAFETY: the slot of `$bname` only ever holds the real `$bname`, of type `Real`.
+                let real = unsafe { real::<Real>(Id::$bname) };
+                let (ptr, size, device, totals) = $breport;
+                // SAFETY: forwards the caller's arguments unchanged (the allocator's own
+                // profiler listens behind the real function).
+                crate::hotpath::block(ptr as u64, size, device, totals, || {
+                    if let Some(real) = real {
+                        unsafe { real($($barg),*) }
+                    }
+                })
+            }
+        )*
 
         $(
             #[no_mangle]
@@ -185,6 +226,24 @@ hook_table! {
         Driver cuGetProcAddress_v2;
         Runtime cudaGetDriverEntryPoint;
         Runtime cudaGetDriverEntryPointByVersion;
+    }
+    reports {
+        // PyTorch's caching allocator reports every block it hands out (+size) or takes back
+        // (-size) to `c10::reportMemoryUsageToProfiler`, through the PLT of libc10_cuda and
+        // libtorch_cpu. torch 1.10+: (ptr, size, total allocated, total reserved, device).
+        _ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE(ptr: *mut c_void, size: i64, allocated: usize, reserved: usize, device: C10Device)
+            => (ptr, size, device, Some((allocated as u64, reserved as u64)));
+        // Between 1.10 and 1.13 the totals were signed.
+        _ZN3c1027reportMemoryUsageToProfilerEPvlllNS_6DeviceE(ptr: *mut c_void, size: i64, allocated: i64, reserved: i64, device: C10Device)
+            => (ptr, size, device, Some((allocated.max(0) as u64, reserved.max(0) as u64)));
+        // Older torch: (ptr, size, device).
+        _ZN3c1027reportMemoryUsageToProfilerEPvlNS_6DeviceE(ptr: *mut c_void, size: i64, device: C10Device)
+            => (ptr, size, device, None);
+    }
+    records {
+        // What the reports above record: an allocation and a free of a block.
+        Allocator block_alloc Block Alloc "c10::reportMemoryUsageToProfiler(+)";
+        Allocator block_free Block Free "c10::reportMemoryUsageToProfiler(-)";
     }
 }
 

@@ -79,6 +79,10 @@ pub struct RawEvent {
     pub size: u64,
     pub stream: u64,
     pub extra: u64,
+    /// See `gpumemtrace_format::Event`.
+    pub total_allocated: u64,
+    pub total_reserved: u64,
+    pub flags: u32,
     pub frames: crate::unwind::Stack,
     /// The calling thread's Python stack, the first time this thread sends it; `None` when no
     /// supported interpreter runs or when `py_key` names a stack this thread sent before.

@@ -195,6 +195,9 @@ impl Writer {
             stream: ev.stream,
             extra: ev.extra,
             pystack,
+            flags: ev.flags,
+            total_allocated: ev.total_allocated,
+            total_reserved: ev.total_reserved,
         }));
         self.events += 1;
         if self.buf.len() >= FLUSH_BYTES {

@@ -13,9 +13,10 @@ use std::io::{self, Read};
 /// First 8 bytes of every trace.
 pub const MAGIC: &[u8; 8] = b"GPUMTRC\0";
 /// Format version written after the magic (u16 little endian), then 2 reserved bytes.
-/// Version 2 stores an event's thread and address as deltas from the previous event's; readers
-/// still read version 1 (absolute values).
-pub const VERSION: u16 = 2;
+/// Version 2 stores an event's thread and address as deltas from the previous event's; version 3
+/// adds the `block` memory kind (PyTorch's caching-allocator blocks), event flags and the
+/// allocator's own totals. Readers still read versions 1 and 2.
+pub const VERSION: u16 = 3;
 /// The oldest version this reader understands.
 pub const MIN_VERSION: u16 = 1;
 /// Size of the file header: magic, version, reserved.
@@ -55,16 +56,21 @@ pub enum MemKind {
     VmmReserved = 5,
     /// Mappings of physical memory into reserved space (`cuMemMap`/`cuMemUnmap`).
     VmmMapped = 6,
+    /// Blocks a framework's caching allocator hands out from its segments (PyTorch's tensors,
+    /// reported through `c10::reportMemoryUsageToProfiler`). They lie inside device or VMM
+    /// memory recorded at the driver level, so they never add to a device's total.
+    Block = 7,
 }
 
 impl MemKind {
-    pub const ALL: [MemKind; 6] = [
+    pub const ALL: [MemKind; 7] = [
         MemKind::Device,
         MemKind::Managed,
         MemKind::HostPinned,
         MemKind::VmmPhysical,
         MemKind::VmmReserved,
         MemKind::VmmMapped,
+        MemKind::Block,
     ];
 
     pub fn from_u8(v: u8) -> Option<MemKind> {
@@ -80,6 +86,7 @@ impl MemKind {
             MemKind::VmmPhysical => "vmm-physical",
             MemKind::VmmReserved => "vmm-reserved",
             MemKind::VmmMapped => "vmm-mapped",
+            MemKind::Block => "block",
         }
     }
 }
@@ -173,6 +180,20 @@ pub struct Event {
     pub extra: u64,
     /// Id of a [`PyStack`] record: the calling thread's Python stack; 0 = none.
     pub pystack: u32,
+    /// Bits of [`event_flags`].
+    pub flags: u32,
+    /// For `block` events: the allocator's own count of allocated and reserved bytes on the
+    /// device after this call, when it reports them (PyTorch 1.10+); else 0.
+    pub total_allocated: u64,
+    pub total_reserved: u64,
+}
+
+/// [`Event::flags`] bits.
+pub mod event_flags {
+    /// The calling thread was running Python code. Set whenever `pystack` is, and also for
+    /// events recorded without stacks (block frees), so a reader can tell a program's own
+    /// calls from those of the interpreter's shutdown.
+    pub const PYTHON: u32 = 1;
 }
 
 /// A Python code object, written once, before the first Python stack that uses it.
@@ -379,6 +400,14 @@ impl Encoder {
                 put_uv(p, e.stream);
                 put_uv(p, e.extra);
                 put_uv(p, e.pystack as u64);
+                // Fields added in version 3, written only when one is set: absent reads as 0.
+                let base = p.len();
+                put_uv(p, e.flags as u64);
+                put_uv(p, e.total_allocated);
+                put_uv(p, e.total_reserved);
+                while p.len() > base && p.last() == Some(&0) {
+                    p.pop();
+                }
                 tag::EVENT
             }
             Record::Notice(s) => {
@@ -799,6 +828,10 @@ fn decode(t: u8, b: &[u8], version: u16, prev: &mut Prev) -> Result<Record, Stri
                 extra: p.uv()?,
                 // Added after version 1's first writer: absent means none.
                 pystack: if p.at_end() { 0 } else { p.u32("python stack id")? },
+                // Version 3: trailing fields left out when zero.
+                flags: if p.at_end() { 0 } else { p.u32("event flags")? },
+                total_allocated: if p.at_end() { 0 } else { p.uv()? },
+                total_reserved: if p.at_end() { 0 } else { p.uv()? },
             })
         }
         tag::PY_CODE => Record::PyCode(PyCode {

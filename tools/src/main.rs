@@ -1,7 +1,10 @@
 //! `gpumemtrace`: summarizes traces written by the libgpumemtrace.so preload library, and
 //! runs programs under it.
 
+mod autograd;
 mod commands;
+mod growth;
+mod pool;
 mod model;
 mod python;
 mod report;

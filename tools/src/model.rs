@@ -19,6 +19,10 @@ use gpumemtrace_format::{
 };
 
 pub use crate::timeseries::{Filter, Step, StepKind};
+use crate::autograd::Backward;
+use crate::growth::{Growth, StackTrend};
+pub use crate::pool::Pool;
+use crate::pool::Pools;
 use crate::timeseries::ReplayExt;
 
 /// How far reading got.
@@ -94,6 +98,8 @@ pub struct Failure {
     pub stack: u32,
     /// GPU memory (see [`DeviceTotal`]) live on `device` when the call failed.
     pub live_bytes_on_device: u64,
+    /// The caching allocator's pool on `device` when the call failed (none without blocks).
+    pub pool: Option<Pool>,
     /// Which event it was (1-based), for the post-mortem snapshot.
     pub ordinal: u64,
 }
@@ -151,6 +157,16 @@ pub struct Trace {
     pub stack_tid: FxHashMap<u32, u32>,
     /// Reports' additions (timeline, phases, allocated bytes by stack): see `timeseries`.
     pub ext: crate::timeseries::TraceExt,
+    /// Per device with blocks: segments and blocks at the end of the trace (see `pool`).
+    pub pools: BTreeMap<i32, Pool>,
+    /// The same when the Python program finished (see `python_exit_ns`).
+    pub pools_at_python_exit: BTreeMap<i32, Pool>,
+    /// Per device with blocks: device memory that never held a block (direct driver
+    /// allocations such as cuBLAS workspaces) live at the end, or when the Python program
+    /// finished, by stack.
+    pub direct_leak_stacks: BTreeMap<i32, Vec<StackUse>>,
+    /// Stacks whose live bytes rose over the run (see `growth`), per group.
+    pub growth: FxHashMap<GroupKey, Vec<StackTrend>>,
     /// When a Python program finished: the time of the first event of the interpreter's
     /// shutdown — the main thread calling CUDA without a Python frame after its last call with
     /// one. Python frees every module's objects then (tensors too), so what was still live just
@@ -197,6 +213,7 @@ impl Trace {
         // Pass 1: everything but the peak snapshots.
         let (mut python_main_seen, mut python_exit): (bool, Option<(u64, u64)>) = (false, None);
         let mut replay = Replay::with_filter(filter);
+        let mut backward = Backward::default();
         trace.outcome = for_each_record(open().map_err(|e| e.to_string())?, |rec| {
             match rec {
                 Record::Process(p) => trace.process = Some(p),
@@ -209,6 +226,9 @@ impl Trace {
                 }
                 Record::Event(mut e) => {
                     trace.events += 1;
+                    let own_python = e.pystack != 0 || e.flags & gpumemtrace_format::event_flags::PYTHON != 0;
+                    let is_alloc = trace.apis.get(&e.api).is_some_and(|a| a.op == Op::Alloc);
+                    e.pystack = backward.attribute(&e, is_alloc, &trace.py_codes, &trace.py_stacks);
                     e.stack = trace.stack_key(&e);
                     trace.stack_tid.entry(e.stack).or_insert(e.tid);
                     match trace.apis.get(&e.api) {
@@ -220,7 +240,7 @@ impl Trace {
                         None => trace.unknown_api_events += 1,
                     }
                     if trace.process.as_ref().is_some_and(|p| p.pid == e.tid) {
-                        if e.pystack != 0 {
+                        if own_python {
                             python_main_seen = true;
                             python_exit = None;
                         } else if python_main_seen && python_exit.is_none() {
@@ -263,6 +283,7 @@ impl Trace {
         let python_exit = python_exit.filter(|&(n, _)| n > 0);
         trace.python_exit_ns = python_exit.map(|(_, t)| t);
         let mut at_python_exit: Vec<(GroupKey, u64, u64, Vec<StackUse>)> = Vec::new();
+        let mut direct_at_python_exit: BTreeMap<i32, Vec<StackUse>> = BTreeMap::new();
         let last_snapshot = snapshot_at
             .keys()
             .next_back()
@@ -273,6 +294,7 @@ impl Trace {
             let mut apis = HashMap::new();
             let mut again = Replay::with_filter(filter);
             again.snapshot_only = true;
+            let mut backward = Backward::default();
             // Errors were reported by pass 1, and pass 2 stops before reaching them.
             let _ = for_each_record(open().map_err(|e| e.to_string())?, |rec| {
                 match rec {
@@ -282,6 +304,8 @@ impl Trace {
                     }
                     Record::Phase(p) => again.ext.phase(&p, false),
                     Record::Event(mut e) => {
+                        let is_alloc = apis.get(&e.api).is_some_and(|a: &Api| a.op == Op::Alloc);
+                        e.pystack = backward.attribute(&e, is_alloc, &trace.py_codes, &trace.py_stacks);
                         if e.pystack != 0 {
                             // Every pair was seen by pass 1.
                             e.stack = trace.combined_ids.get(&(e.stack, e.pystack)).copied().unwrap_or(e.stack);
@@ -297,6 +321,8 @@ impl Trace {
                                     .iter()
                                     .map(|(k, g)| (*k, g.live_bytes, g.live_count, again.by_stack(*k)))
                                     .collect();
+                                trace.pools_at_python_exit = again.pools.by_device.clone();
+                                direct_at_python_exit = again.direct_by_stack();
                             }
                             if failure_at.is_some_and(|(n, _)| n == again.ordinal) {
                                 trace.last_failure_live = failure_keys
@@ -336,6 +362,10 @@ impl Trace {
                 g.leak_stacks = stacks;
             }
         }
+        trace.direct_leak_stacks = if python_exit.is_some() { direct_at_python_exit } else { replay.direct_by_stack() };
+        let growth_end = trace.python_exit_ns.unwrap_or(replay.ext_end_ns());
+        trace.growth = std::mem::take(&mut replay.growth).finish(growth_end);
+        trace.pools = std::mem::take(&mut replay.pools.by_device);
         trace.groups = replay.groups;
         trace.devices = replay.devices;
         trace.failures = replay.failures;
@@ -388,6 +418,8 @@ pub(crate) fn namespace(kind: MemKind) -> u8 {
         MemKind::VmmPhysical => 1,
         MemKind::VmmReserved => 2,
         MemKind::VmmMapped => 3,
+        // A segment's first block has the segment's own address.
+        MemKind::Block => 4,
     }
 }
 
@@ -449,6 +481,12 @@ struct Replay {
     snapshot_only: bool,
     /// Filter, phases, time series (see `timeseries`).
     ext: ReplayExt,
+    /// Segments and blocks (see `pool`).
+    pools: Pools,
+    /// Live bytes per stack over time (pass 1).
+    growth: Growth,
+    /// Time of the last event seen.
+    last_ns: u64,
 }
 
 impl Replay {
@@ -466,6 +504,7 @@ impl Replay {
     /// Applies one event; returns what it did unless the filter left it out.
     fn apply(&mut self, api: &Api, e: &Event) -> Option<Applied> {
         self.ordinal += 1;
+        self.last_ns = self.last_ns.max(e.time_ns);
         let ns = namespace(api.kind);
         if !self.ext.admit(api, e, ns) {
             return None;
@@ -475,6 +514,11 @@ impl Replay {
         let live = self.groups.get(&key).map_or(0, |g| g.live_bytes);
         if !self.snapshot_only {
             self.ext.record(e, &applied, live);
+            match applied.kind {
+                StepKind::Alloc => self.growth.change(key, applied.alloc_stack, e.time_ns, true, applied.size),
+                StepKind::Free => self.growth.change(key, applied.alloc_stack, e.time_ns, false, applied.size),
+                _ => {}
+            }
         }
         Some(applied)
     }
@@ -509,6 +553,13 @@ impl Replay {
                     // Still live until its own free arrives (or a leak, if it never does).
                     self.displaced.entry((ns, e.addr)).or_default().push(old);
                 }
+                match api.kind {
+                    MemKind::Device | MemKind::VmmMapped => self.pools.range_added(e.addr, e.size, device),
+                    MemKind::Block => {
+                        self.pools.block_allocated(e);
+                    }
+                    _ => {}
+                }
                 let ordinal = self.ordinal;
                 let g = self.group(key);
                 g.allocations += 1;
@@ -538,7 +589,9 @@ impl Replay {
                 self.group(key).failed += 1;
                 let live_bytes_on_device = self.devices.get(&e.device).map_or(0, |d| d.live_bytes);
                 let ordinal = self.ordinal;
+                let pool = self.pools.by_device.get(&e.device).cloned();
                 self.failures.push(Failure {
+                    pool,
                     ordinal,
                     api: api.name.clone(),
                     device: e.device,
@@ -556,6 +609,11 @@ impl Replay {
             (Op::Free, true) => match self.take_freed(ns, e) {
                 // The freed entry says what was freed: cudaFree also frees managed memory.
                 Some(old) => {
+                    match old.key.kind {
+                        MemKind::Device | MemKind::VmmMapped => self.pools.range_removed(e.addr, old.size),
+                        MemKind::Block => self.pools.block_freed(e, old.key.device, old.size),
+                        _ => {}
+                    }
                     self.release(&old);
                     self.group(old.key).frees += 1;
                     Applied::new(StepKind::Free, old.key, old.size, old.stack)
@@ -617,10 +675,37 @@ impl Replay {
         });
     }
 
+    fn ext_end_ns(&self) -> u64 {
+        self.last_ns
+    }
+
+    /// Per device with blocks: its live device memory that is not a pool segment, by stack.
+    fn direct_by_stack(&self) -> BTreeMap<i32, Vec<StackUse>> {
+        let mut out = BTreeMap::new();
+        for &device in self.pools.by_device.keys() {
+            let key = GroupKey { device, kind: MemKind::Device };
+            let direct = self
+                .live
+                .iter()
+                .filter(|((ns, addr), l)| *ns == 0 && l.key == key && !self.pools.is_segment(*addr))
+                .map(|(_, l)| l);
+            let v = Self::tally(direct);
+            if !v.is_empty() {
+                out.insert(device, v);
+            }
+        }
+        out
+    }
+
     /// The live entries of one group, by stack, largest first.
     fn by_stack(&self, key: GroupKey) -> Vec<StackUse> {
+        Self::tally(self.live.values().chain(self.displaced.values().flatten()).filter(|l| l.key == key))
+    }
+
+    /// Live entries by stack, largest first.
+    fn tally<'a>(live: impl Iterator<Item = &'a Live>) -> Vec<StackUse> {
         let mut by: HashMap<u32, StackUse> = HashMap::new();
-        for l in self.live.values().chain(self.displaced.values().flatten()).filter(|l| l.key == key) {
+        for l in live {
             let u = by.entry(l.stack).or_insert(StackUse {
                 stack: l.stack,
                 bytes: 0,

@@ -3,8 +3,55 @@
 
 use crate::symbolize::Frame;
 
-/// Modules whose frames are never the call site.
-const SKIPPED_MODULES: [&str; 4] = ["libcuda.so", "libcudart", "libgpumemtrace", "libnvidia-"];
+/// Modules whose frames are never the call site: CUDA, the tracer, and PyTorch's allocator
+/// core (`libc10.so`, `libc10_cuda.so`: the caching allocator itself).
+const SKIPPED_MODULES: [&str; 5] = ["libcuda.so", "libcudart", "libgpumemtrace", "libnvidia-", "libc10"];
+
+/// Functions that only make room for a tensor (PyTorch's `at::empty` and friends, the
+/// allocator's entry points): the site is whoever asked for the tensor.
+const ALLOCATOR_FUNCTIONS: [&str; 8] = [
+    "c10::",
+    "at::empty",
+    "at::detail::empty",
+    "at::native::empty",
+    "at::_ops::empty",
+    "at::_ops::new_empty",
+    "at::TensorBase::",
+    "at::native::resize_",
+];
+
+/// The framework op an allocation was made for, from its native frames (innermost first):
+/// the innermost ATen operator other than the tensor factories (`at::_ops::mm::call` ->
+/// `aten::mm`) and the innermost autograd node (`...::generated::MmBackward0::apply`),
+/// as `aten::mm in MmBackward0`.
+pub fn op_name(frames: &[Frame]) -> Option<String> {
+    let mut op = None;
+    let mut node = None;
+    for f in frames {
+        let Some(func) = f.function.as_deref() else { continue };
+        if op.is_none() {
+            if let Some(rest) = func.strip_prefix("at::_ops::") {
+                let name = rest.split("::").next().unwrap_or("");
+                let factory = name.starts_with("empty") || name.starts_with("new_empty") || name.starts_with("_empty");
+                if !name.is_empty() && !factory {
+                    op = Some(format!("aten::{name}"));
+                }
+            }
+        }
+        if node.is_none() {
+            if let Some(i) = func.find("autograd::generated::") {
+                let rest = &func[i + "autograd::generated::".len()..];
+                if let Some(name) = rest.split("::").next().filter(|n| !n.is_empty()) {
+                    node = Some(name.to_string());
+                }
+            }
+        }
+    }
+    match (op, node) {
+        (Some(o), Some(n)) => Some(format!("{o} in {n}")),
+        (o, n) => o.or(n),
+    }
+}
 
 /// True for frames of the CUDA libraries and the tracer. Function names catch the CUDA
 /// runtime when it is linked statically into the program, and the inline templates of
@@ -18,6 +65,9 @@ pub fn is_cuda_or_tracer(f: &Frame) -> bool {
     let Some(func) = f.function.as_deref() else {
         return false;
     };
+    if ALLOCATOR_FUNCTIONS.iter().any(|p| func.starts_with(p)) {
+        return true;
+    }
     let mut c = func.chars();
     func.starts_with("cuda")
         || (c.next() == Some('c')
@@ -39,6 +89,22 @@ pub fn site_index(frames: &[Frame]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ops_are_named_from_aten_operators_and_autograd_nodes() {
+        let f = |name: &str| frame(Some(name), "/x/libtorch_cpu.so");
+        let stack = [
+            f("c10::cuda::CUDACachingAllocator::malloc(unsigned long)"),
+            f("at::_ops::empty_memory_format::call(c10::ArrayRef<c10::SymInt>)"),
+            f("at::_ops::mm::call(at::Tensor const&, at::Tensor const&)"),
+            f("torch::autograd::generated::MmBackward0::apply(std::vector<at::Tensor>&&)"),
+            f("torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)"),
+        ];
+        assert_eq!(op_name(&stack).as_deref(), Some("aten::mm in MmBackward0"));
+        assert_eq!(op_name(&stack[..3]).as_deref(), Some("aten::mm"));
+        assert_eq!(op_name(&stack[..2]), None, "a factory alone names no op");
+        assert_eq!(op_name(&[stack[3].clone()]).as_deref(), Some("MmBackward0"));
+    }
 
     fn frame(function: Option<&str>, module: &str) -> Frame {
         Frame {
@@ -67,11 +133,15 @@ mod tests {
             ),
             frame(Some("__cudart1234"), "/app/train"),
             frame(Some("libcudart_static_4d8b33a1"), "/app/train"),
+            frame(Some("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(int, unsigned long, CUstream_st*)"), "/x/torch/lib/libc10_cuda.so"),
+            frame(Some("at::detail::empty_generic(c10::ArrayRef<long>)"), "/x/torch/lib/libtorch_cpu.so"),
+            frame(Some("at::_ops::empty_memory_format::call(c10::ArrayRef<c10::SymInt>)"), "/x/torch/lib/libtorch_cpu.so"),
         ];
         for f in &skipped {
             assert!(is_cuda_or_tracer(f), "{f:?}");
         }
         let kept = [
+            frame(Some("at::native::structured_mm_out_cuda::impl(at::Tensor const&)"), "/x/torch/lib/libtorch_cuda.so"),
             frame(Some("cube_root"), "/app/train"), // `cu` + lowercase
             frame(Some("load_weights"), "/app/train"),
             frame(None, "/app/libcudnn_ops.so.9"),

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use crate::autograd::BORROWED;
 use crate::model::{StackUse, Trace};
 use crate::python;
 use crate::sites::site_index;
@@ -27,10 +28,17 @@ pub struct Located {
     /// Where `site` is in `frames`; terminal output shows frames from here.
     #[serde(skip)]
     pub site_index: usize,
-    /// In a Python process, the name of a thread without Python (a native worker thread such
-    /// as PyTorch's autograd engine) that made the allocation: its stack is native only.
+    /// In a Python process, the name of a thread without Python frames (a native worker
+    /// thread such as PyTorch's autograd engine) that made the allocation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub thread: Option<String>,
+    /// The framework op that allocated, from the native frames (`aten::mm`, `MmBackward0`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub op: Option<String>,
+    /// The Python frames are those of another thread waiting in `backward()` (see
+    /// `autograd`): the allocation was made for that call.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub during_backward: bool,
 }
 
 /// Symbolizes the stack with key `stack` (0 or unknown: an empty stack), merged with its
@@ -40,11 +48,14 @@ pub fn locate(trace: &Trace, sym: &mut TraceSymbolizer, stack: u32) -> Located {
         Some(&(n, p)) => (n, p),
         None => (stack, 0),
     };
+    let during_backward = py & BORROWED != 0;
+    let py = py & !BORROWED;
     let mut frames = trace
         .stacks
         .get(&native)
         .map(|a| sym.stack(a))
         .unwrap_or_default();
+    let op = crate::sites::op_name(&frames);
     if let Some(pf) = trace.py_stacks.get(&py) {
         let python: Vec<_> = pf.iter().map(|f| python::frame(trace.py_codes.get(&f.code), f)).collect();
         let entry: Vec<bool> = pf.iter().map(|f| f.flags & 1 != 0).collect();
@@ -57,8 +68,10 @@ pub fn locate(trace: &Trace, sym: &mut TraceSymbolizer, stack: u32) -> Located {
             .unwrap_or(first),
         None => site_index(&frames),
     };
+    // A thread of a Python process that allocated outside Python code (PyTorch's autograd
+    // threads have a thread state but no frames).
     let thread = match trace.stack_tid.get(&stack).and_then(|t| trace.threads.get(t)) {
-        Some(t) if py == 0 && !t.python && !trace.py_codes.is_empty() => Some(t.name.clone()),
+        Some(t) if (py == 0 || during_backward) && !trace.py_codes.is_empty() => Some(t.name.clone()),
         _ => None,
     };
     Located {
@@ -66,6 +79,8 @@ pub fn locate(trace: &Trace, sym: &mut TraceSymbolizer, stack: u32) -> Located {
         frames,
         site_index,
         thread,
+        op,
+        during_backward,
     }
 }
 
@@ -83,13 +98,21 @@ pub struct Site {
     /// See [`Located::thread`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub thread: Option<String>,
+    /// See [`Located::op`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub op: Option<String>,
+    /// See [`Located::during_backward`].
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub during_backward: bool,
 }
 
 /// Site identity: the symbolized function and line. Unsymbolized stacks cannot be told
 /// apart any better than by their id.
 #[derive(Clone, PartialEq, Eq, Hash)]
 enum SiteKey {
-    Symbol(String, Option<String>, Option<u32>),
+    /// Function, file, line; for allocations outside the caller's own Python code (autograd
+    /// threads), also the op, which tells them apart.
+    Symbol(String, Option<String>, Option<u32>, Option<String>),
     Stack(u32),
 }
 
@@ -100,25 +123,14 @@ pub fn sites(uses: &[StackUse], trace: &Trace, sym: &mut TraceSymbolizer) -> Vec
     // `uses` come largest first, so the first stack seen for a site is its biggest.
     for u in uses {
         let located = locate(trace, sym, u.stack);
+        let op = located.thread.as_ref().and(located.op.clone());
         let key = match &located.site.function {
-            Some(f) => SiteKey::Symbol(f.clone(), located.site.file.clone(), located.site.line),
+            Some(f) => SiteKey::Symbol(f.clone(), located.site.file.clone(), located.site.line, op),
             None => SiteKey::Stack(u.stack),
         };
         let i = *index.entry(key).or_insert_with(|| {
-            let Located {
-                site,
-                frames,
-                site_index,
-                thread,
-            } = located;
-            out.push(Site {
-                bytes: 0,
-                count: 0,
-                site,
-                frames,
-                site_index,
-                thread,
-            });
+            let Located { site, frames, site_index, thread, op, during_backward } = located;
+            out.push(Site { bytes: 0, count: 0, site, frames, site_index, thread, op, during_backward });
             out.len() - 1
         });
         out[i].bytes += u.bytes;

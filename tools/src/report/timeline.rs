@@ -28,6 +28,7 @@ pub fn kind_color(kind: MemKind) -> &'static str {
         MemKind::VmmPhysical => "#76b7b2",
         MemKind::VmmReserved => "#9c9c9c",
         MemKind::VmmMapped => "#af7aa1",
+        MemKind::Block => "#e15759",
     }
 }
 

@@ -1,0 +1,133 @@
+//! Growth: which stacks' live bytes keep rising over a run (the classic leak: one line gaining
+//! the same bytes every step). The run is cut into at most [`WINDOWS`] equal time windows
+//! (their width doubles as the run goes on, so memory stays O(stacks)); per stack the minimum
+//! of its live bytes in each window is kept. Temporaries fall back to zero in every window and
+//! weights stay flat; a leak's minimum climbs window after window.
+
+use rustc_hash::FxHashMap;
+
+use crate::model::GroupKey;
+
+/// Windows kept at most; when time passes the last one, pairs are merged.
+pub const WINDOWS: usize = 32;
+const FIRST_WINDOW_NS: u64 = 1_000;
+
+#[derive(Default)]
+struct Trend {
+    live: u64,
+    /// Minimum of live bytes per window, from window 0.
+    mins: Vec<u64>,
+}
+
+pub struct Growth {
+    window_ns: u64,
+    trends: FxHashMap<(GroupKey, u32), Trend>,
+}
+
+impl Default for Growth {
+    fn default() -> Self {
+        Growth { window_ns: FIRST_WINDOW_NS, trends: FxHashMap::default() }
+    }
+}
+
+/// A stack whose live bytes rose: its minimum per window.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackTrend {
+    pub stack: u32,
+    pub mins: Vec<u64>,
+}
+
+impl Growth {
+    /// `stack`'s live bytes in group `key` changed by `delta` at `t`.
+    pub fn change(&mut self, key: GroupKey, stack: u32, t: u64, alloc: bool, bytes: u64) {
+        let mut w = (t / self.window_ns) as usize;
+        while w >= WINDOWS {
+            self.merge();
+            w = (t / self.window_ns) as usize;
+        }
+        let tr = self.trends.entry((key, stack)).or_default();
+        let before = tr.live;
+        tr.live = if alloc { before + bytes } else { before.saturating_sub(bytes) };
+        if tr.mins.len() <= w {
+            tr.mins.resize(w + 1, before);
+        }
+        tr.mins[w] = tr.mins[w].min(tr.live);
+    }
+
+    fn merge(&mut self) {
+        self.window_ns *= 2;
+        for tr in self.trends.values_mut() {
+            let merged: Vec<u64> = tr.mins.chunks(2).map(|c| c.iter().copied().min().unwrap_or(0)).collect();
+            tr.mins = merged;
+        }
+    }
+
+    /// Stacks of each group whose minimum rose from the first window to the last one before
+    /// `end_ns` (a Python program's end, where the interpreter's shutdown frees everything; or
+    /// the end of the trace), with their per-window minimums over those windows.
+    pub fn finish(self, end_ns: u64) -> FxHashMap<GroupKey, Vec<StackTrend>> {
+        // The window holding `end_ns` is cut short (and, at a Python exit, includes the
+        // shutdown's frees): only whole windows before it count, unless that is all there is.
+        let n = ((end_ns / self.window_ns) as usize).clamp(1, WINDOWS);
+        let mut out: FxHashMap<GroupKey, Vec<StackTrend>> = FxHashMap::default();
+        for ((key, stack), mut tr) in self.trends {
+            if tr.mins.len() < n {
+                let live = tr.live;
+                tr.mins.resize(n, live);
+            }
+            tr.mins.truncate(n);
+            if tr.mins.last() > tr.mins.first() {
+                out.entry(key).or_default().push(StackTrend { stack, mins: tr.mins });
+            }
+        }
+        for v in out.values_mut() {
+            v.sort_by_key(|s| s.stack);
+        }
+        out
+    }
+}
+
+/// How a series of per-window minimums grew: `Some((first, last, rises))` when it never fell
+/// and rose in at least three windows; a one-time rise (weights loaded once) is not growth.
+pub fn growing(mins: &[u64]) -> Option<(u64, u64, usize)> {
+    let rises = mins.windows(2).filter(|w| w[1] > w[0]).count();
+    let falls = mins.windows(2).filter(|w| w[1] < w[0]).count();
+    let (first, last) = (*mins.first()?, *mins.last()?);
+    (falls == 0 && rises >= 3 && last > first).then_some((first, last, rises))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpumemtrace_format::MemKind;
+
+    const KEY: GroupKey = GroupKey { device: 0, kind: MemKind::Block };
+
+    #[test]
+    fn a_stack_gaining_bytes_every_step_grows_temporaries_and_weights_do_not() {
+        let mut g = Growth::default();
+        let step = 1_000_000; // 1 ms per step, 20 steps
+        g.change(KEY, 1, 0, true, 100); // weights, once
+        for s in 0..20u64 {
+            let t = s * step + 10;
+            g.change(KEY, 2, t, true, 50); // a temporary
+            g.change(KEY, 3, t + 1, true, 8); // kept: the leak
+            g.change(KEY, 2, t + 2, false, 50);
+        }
+        let out = g.finish(20 * step);
+        let trends = &out[&KEY];
+        let stacks: Vec<u32> = trends.iter().map(|t| t.stack).collect();
+        assert_eq!(stacks, [1, 3], "only stacks that ended above their start are candidates");
+        assert_eq!(growing(&trends[0].mins), None, "weights rose once");
+        let (first, last, rises) = growing(&trends[1].mins).unwrap();
+        assert!(first <= 8 && last >= 8 * 18 && rises >= 10, "{:?}", trends[1].mins);
+        assert!(trends[1].mins.len() <= WINDOWS);
+    }
+
+    #[test]
+    fn falling_or_flat_series_are_not_growth() {
+        assert_eq!(growing(&[0, 1, 2, 1, 3]), None);
+        assert_eq!(growing(&[5, 5, 5, 5]), None);
+        assert_eq!(growing(&[0, 1, 2, 3]), Some((0, 3, 3)));
+    }
+}
