@@ -276,7 +276,15 @@ impl Trace {
         let failure_at = replay.failures.last().map(|f| (f.ordinal, f.device));
         let failure_keys: Vec<GroupKey> = match failure_at {
             Some((_, device)) => {
-                replay.groups.keys().filter(|k| k.device == device && occupies_gpu(k.kind)).copied().collect()
+                let mut keys: Vec<GroupKey> = replay
+                    .groups
+                    .keys()
+                    .filter(|k| k.device == device && (occupies_gpu(k.kind) || k.kind == MemKind::Block))
+                    .copied()
+                    .collect();
+                // Blocks first: the program's tensors, then the memory they lie in.
+                keys.sort_by_key(|k| k.kind != MemKind::Block);
+                keys
             }
             None => Vec::new(),
         };

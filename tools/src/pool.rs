@@ -22,7 +22,7 @@ struct Range {
 }
 
 /// The allocator's own counters as it reported them with its blocks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Reported {
     pub allocated: u64,
     pub reserved: u64,

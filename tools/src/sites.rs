@@ -80,15 +80,52 @@ pub fn is_cuda_or_tracer(f: &Frame) -> bool {
 /// Index of the call site in a symbolized stack (innermost first): the first frame that is
 /// not CUDA or tracer code, or the innermost frame when all are.
 pub fn site_index(frames: &[Frame]) -> usize {
-    frames
-        .iter()
-        .position(|f| !is_cuda_or_tracer(f))
-        .unwrap_or(0)
+    let Some(first) = frames.iter().position(|f| !is_cuda_or_tracer(f)) else { return 0 };
+    // Inside PyTorch's own libraries (an op's kernel wrapper), the program that called the op
+    // is the better site when there is one: a caller outside torch that is not the C/C++
+    // runtime starting the thread. On autograd's threads there is none: the op stays.
+    if in_module(&frames[first], TORCH_MODULES) {
+        if let Some(i) = frames[first..]
+            .iter()
+            .position(|f| !is_cuda_or_tracer(f) && !in_module(f, TORCH_MODULES) && !in_module(f, RUNTIME_MODULES))
+        {
+            return first + i;
+        }
+    }
+    first
+}
+
+/// PyTorch's libraries beyond the allocator (`libtorch_cpu.so`, `libtorch_cuda.so`, ...).
+const TORCH_MODULES: &[&str] = &["libtorch"];
+/// What starts threads and calls `main`: never a call site when anything else is.
+const RUNTIME_MODULES: &[&str] = &["libc.so", "libstdc++", "libpthread", "ld-linux", "libgcc_s", "libpython", "python3"];
+
+fn in_module(f: &Frame, prefixes: &[&str]) -> bool {
+    f.module_name().is_some_and(|m| prefixes.iter().any(|p| m.starts_with(p)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inside_torch_the_site_is_the_program_that_called_the_op() {
+        let stack = [
+            frame(Some("c10::cuda::CUDACachingAllocator::malloc(unsigned long)"), "/x/libc10_cuda.so"),
+            frame(Some("at::_ops::mm::call(at::Tensor const&)"), "/x/libtorch_cuda.so"),
+            frame(Some("matmul"), "/app/prog"),
+            frame(Some("main"), "/app/prog"),
+        ];
+        assert_eq!(site_index(&stack), 2);
+        // On autograd's thread only the C++ runtime calls torch: the op is the site.
+        let thread = [
+            stack[0].clone(),
+            stack[1].clone(),
+            frame(Some("execute_native_thread_routine"), "/usr/lib/libstdc++.so.6"),
+            frame(Some("start_thread"), "/usr/lib/libc.so.6"),
+        ];
+        assert_eq!(site_index(&thread), 1);
+    }
 
     #[test]
     fn ops_are_named_from_aten_operators_and_autograd_nodes() {

@@ -34,7 +34,7 @@ void _ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE(void *ptr, int64_t si
     tally.bytes_sum += size;
     tally.last_allocated = allocated;
     tally.last_reserved = reserved;
-    tally.checksum = tally.checksum * 1000003ULL + (uintptr_t)ptr + (unsigned long long)size + allocated * 7 +
+    tally.checksum = tally.checksum * 1000003ULL + (d.type ? (uintptr_t)ptr : 0) + (unsigned long long)size + allocated * 7 +
                      reserved * 13 + (unsigned)d.type * 17 + (unsigned)d.index * 19;
 }
 

@@ -5,6 +5,7 @@
  *   checkpoint=NAME allocated=A reserved=R max_allocated=M
  *   oom request=N allocated=A reserved=R
  *   profiler calls=... (libc10's tally: identical with and without the tracer)
+ * The two gradients still alive at exit are freed by libtorch_cuda's exit handler.
  * Modes (argv[1]): basic (default), oom.
  */
 #define _GNU_SOURCE
@@ -21,7 +22,7 @@
 #define NOINLINE __attribute__((noinline))
 
 static void *(*raw_alloc)(unsigned long long);
-static void (*raw_free)(void *);
+static void (*raw_free)(void *), (*op_free)(void *);
 static void *(*op_mm)(unsigned long long);
 static void (*empty_cache)(void);
 static unsigned long long (*allocated)(int), (*reserved)(int), (*max_allocated)(int);
@@ -86,14 +87,15 @@ static int basic(void)
         void *t = forward_temp();
         void *m = matmul();
         history[step] = keep_history(); /* the leak: one block kept per step */
-        raw_free(m);
+        op_free(m);
         raw_free(t);
+        usleep(3000); /* a training step takes time: growth is judged over time windows */
     }
     checkpoint("trained");
     if (run_backward(4, 512 * 1024, grads) != 0)
         return 1;
-    raw_free(grads[0]);
-    raw_free(grads[1]);
+    op_free(grads[0]);
+    op_free(grads[1]);
     raw_free(weights[0]);
     for (int i = 0; i < 10; i += 2)
         raw_free(small[i]);
@@ -139,6 +141,7 @@ int main(int argc, char **argv)
     raw_alloc = sym(torch, "c10_cuda_raw_alloc");
     raw_free = sym(torch, "c10_cuda_raw_free");
     op_mm = sym(torch, "torch_emu_mm");
+    op_free = sym(torch, "torch_emu_free");
     empty_cache = sym(torch, "c10_cuda_empty_cache");
     allocated = sym(torch, "c10_cuda_memory_allocated");
     reserved = sym(torch, "c10_cuda_memory_reserved");

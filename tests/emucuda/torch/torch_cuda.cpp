@@ -7,6 +7,9 @@
 #include <pthread.h>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <set>
 
 namespace c10 { namespace cuda { namespace CUDACachingAllocator {
 void *malloc(uint64_t n);
@@ -30,6 +33,31 @@ struct MmBackward0 {
 };
 }}} // namespace torch::autograd::generated
 
+// Tensors still alive at exit are freed by a C exit handler, as Python's shutdown frees a
+// program's tensors from C with no Python frame running.
+static std::mutex live_mu;
+static std::set<void *> live;
+
+static void free_live_at_exit()
+{
+    for (void *p : live)
+        c10::cuda::CUDACachingAllocator::free(p);
+    live.clear();
+}
+
+static void *track(void *p)
+{
+    static bool registered;
+    std::lock_guard<std::mutex> g(live_mu);
+    if (!registered) {
+        registered = true;
+        atexit(free_live_at_exit); // after the tracer's (it started with the first segment)
+    }
+    if (p)
+        live.insert(p);
+    return p;
+}
+
 namespace {
 struct BackwardTask {
     int n;
@@ -43,15 +71,22 @@ void *engine_thread_main(void *arg)
     pthread_setname_np(pthread_self(), "pt_autograd_0");
     torch::autograd::generated::MmBackward0 node;
     for (int i = 0; i < t->n; i++)
-        t->out[i] = node.apply(t->size);
+        t->out[i] = track(node.apply(t->size));
     return nullptr;
 }
 } // namespace
 
 extern "C" {
-NOINLINE void *torch_emu_empty(unsigned long long n) { return at::_ops::empty_memory_format::call(n); }
-NOINLINE void *torch_emu_mm(unsigned long long n) { return at::_ops::mm::call(n); }
-void torch_emu_free(void *p) { c10::cuda::CUDACachingAllocator::free(p); }
+NOINLINE void *torch_emu_empty(unsigned long long n) { return track(at::_ops::empty_memory_format::call(n)); }
+NOINLINE void *torch_emu_mm(unsigned long long n) { return track(at::_ops::mm::call(n)); }
+void torch_emu_free(void *p)
+{
+    {
+        std::lock_guard<std::mutex> g(live_mu);
+        live.erase(p);
+    }
+    c10::cuda::CUDACachingAllocator::free(p);
+}
 
 // Allocates n gradients of `size` bytes on the autograd thread; the caller waits.
 int torch_emu_run_backward(int n, unsigned long long size, void **out)

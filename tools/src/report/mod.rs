@@ -6,6 +6,7 @@ pub mod dump;
 pub mod export;
 pub mod flamegraph;
 pub mod merged;
+pub mod pools;
 pub mod summary;
 pub mod timeline;
 
@@ -14,6 +15,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::autograd::BORROWED;
+use crate::growth::{self, StackTrend};
 use crate::model::{StackUse, Trace};
 use crate::python;
 use crate::sites::site_index;
@@ -123,11 +125,7 @@ pub fn sites(uses: &[StackUse], trace: &Trace, sym: &mut TraceSymbolizer) -> Vec
     // `uses` come largest first, so the first stack seen for a site is its biggest.
     for u in uses {
         let located = locate(trace, sym, u.stack);
-        let op = located.thread.as_ref().and(located.op.clone());
-        let key = match &located.site.function {
-            Some(f) => SiteKey::Symbol(f.clone(), located.site.file.clone(), located.site.line, op),
-            None => SiteKey::Stack(u.stack),
-        };
+        let key = site_key(&located, u.stack);
         let i = *index.entry(key).or_insert_with(|| {
             let Located { site, frames, site_index, thread, op, during_backward } = located;
             out.push(Site { bytes: 0, count: 0, site, frames, site_index, thread, op, during_backward });
@@ -139,6 +137,63 @@ pub fn sites(uses: &[StackUse], trace: &Trace, sym: &mut TraceSymbolizer) -> Vec
     // Stable: ties keep the order of their biggest stack.
     out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)));
     out
+}
+
+/// A call site whose live bytes kept rising over the run (see `growth`).
+#[derive(Clone, Debug, Serialize)]
+pub struct GrowthSite {
+    /// Rise of the site's lowest live bytes from the first window of the run to the last.
+    pub gained_bytes: u64,
+    pub first_bytes: u64,
+    pub last_bytes: u64,
+    /// Windows (of `windows`) in which it rose; it never fell.
+    pub rising_windows: usize,
+    pub windows: usize,
+    #[serde(flatten)]
+    pub site: Site,
+}
+
+/// Sites whose live bytes kept rising, most gained first: the stacks' per-window minimums
+/// summed per site, then judged by [`growth::growing`].
+pub fn growth_sites(trends: &[StackTrend], trace: &Trace, sym: &mut TraceSymbolizer) -> Vec<GrowthSite> {
+    let mut index: HashMap<SiteKey, usize> = HashMap::new();
+    let mut acc: Vec<(Located, Vec<u64>)> = Vec::new();
+    for t in trends {
+        let located = locate(trace, sym, t.stack);
+        let key = site_key(&located, t.stack);
+        let i = *index.entry(key).or_insert_with(|| {
+            acc.push((located, vec![0; t.mins.len()]));
+            acc.len() - 1
+        });
+        for (a, m) in acc[i].1.iter_mut().zip(&t.mins) {
+            *a += m;
+        }
+    }
+    let mut out: Vec<GrowthSite> = acc
+        .into_iter()
+        .filter_map(|(l, mins)| {
+            let (first, last, rises) = growth::growing(&mins)?;
+            let Located { site, frames, site_index, thread, op, during_backward } = l;
+            Some(GrowthSite {
+                gained_bytes: last - first,
+                first_bytes: first,
+                last_bytes: last,
+                rising_windows: rises,
+                windows: mins.len(),
+                site: Site { bytes: last, count: 0, site, frames, site_index, thread, op, during_backward },
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| b.gained_bytes.cmp(&a.gained_bytes));
+    out
+}
+
+fn site_key(located: &Located, stack: u32) -> SiteKey {
+    let op = located.thread.as_ref().and(located.op.clone());
+    match &located.site.function {
+        Some(f) => SiteKey::Symbol(f.clone(), located.site.file.clone(), located.site.line, op),
+        None => SiteKey::Stack(stack),
+    }
 }
 
 /// Keeps the first `top` items; returns how many were cut.

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use gpumemtrace_format::MemKind;
 use serde::Serialize;
 
-use super::{cut, locate, sites, Located, Site};
+use super::pools::{PoolAtFailure, PoolReport};
+use super::{cut, growth_sites, locate, sites, GrowthSite, Located, Site};
 use crate::model::{Outcome, Trace};
 use crate::symbolize::{Frame, Symbolizer};
 use crate::units::{count, cuda_result, seconds, size};
@@ -67,6 +68,8 @@ pub struct TraceReport {
     /// Post-mortem of the last failed allocation: live memory on its device at that moment.
     pub last_failure_live: Vec<LiveGroupReport>,
     pub unknown_frees: Vec<FreeReport>,
+    /// Per device with blocks (PyTorch's caching allocator): segments and blocks.
+    pub pools: Vec<PoolReport>,
     /// A final Stats record was read: the tracer shut down cleanly.
     #[serde(skip)]
     finished: bool,
@@ -97,6 +100,10 @@ pub struct GroupReport {
     pub live_at_python_exit_bytes: Option<u64>,
     pub live_at_python_exit_count: Option<u64>,
     pub leak_sites: Vec<Site>,
+    /// Sites whose live bytes kept rising over the run, most gained first.
+    pub growing_sites: Vec<GrowthSite>,
+    #[serde(skip)]
+    more_growing_sites: usize,
     #[serde(skip)]
     double_allocs: u64,
     /// Live allocations at the peak.
@@ -127,6 +134,9 @@ pub struct FailureReport {
     pub result: u32,
     pub time_ns: u64,
     pub live_bytes_on_device: u64,
+    /// The caching allocator's state on the device then (with blocks only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolAtFailure>,
     #[serde(flatten)]
     pub located: Located,
 }
@@ -253,6 +263,7 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
     for (key, g) in trace.groups.iter().filter(|(k, _)| wanted(k.device)) {
         let mut peak_sites = sites(&g.peak_stacks, trace, &mut sym);
         let mut leak_sites = sites(&g.leak_stacks, trace, &mut sym);
+        let mut growing = trace.growth.get(key).map(|t| growth_sites(t, trace, &mut sym)).unwrap_or_default();
         groups.push(GroupReport {
             device: key.device,
             kind: key.kind.name(),
@@ -271,6 +282,8 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
             live_at_python_exit_count: g.live_at_python_exit.map(|l| l.1),
             more_leak_sites: cut(&mut leak_sites, top),
             leak_sites,
+            more_growing_sites: cut(&mut growing, top),
+            growing_sites: growing,
             double_allocs: g.double_allocs,
             occupies_gpu: matches!(
                 key.kind,
@@ -278,6 +291,9 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
             ),
         });
     }
+    // Per device, its blocks (tensors) first: they are what the program asked for.
+    groups.sort_by_key(|g| (g.device, g.kind != MemKind::Block.name()));
+    let pools = super::pools::build(trace, &mut sym, wanted, top);
     let devices = trace
         .devices
         .iter()
@@ -302,6 +318,7 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
             result: f.result,
             time_ns: f.time_ns,
             live_bytes_on_device: f.live_bytes_on_device,
+            pool: f.pool.as_ref().map(PoolAtFailure::of),
             located: locate(trace, &mut sym, f.stack),
         })
         .collect();
@@ -366,6 +383,7 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
         failures,
         last_failure_live,
         unknown_frees,
+        pools,
         finished: trace.stats.is_some_and(|s| s.final_),
         unknown_api_events: trace.unknown_api_events,
         more_failures,
@@ -408,8 +426,10 @@ fn render_sites(
 ) -> io::Result<()> {
     for s in sites {
         let mut lines = site_lines(&s.site, &s.frames, s.site_index, opts.frames);
-        if let Some(t) = &s.thread {
-            lines[0].push_str(&format!("  [thread {t}, no Python stack]"));
+        match (&s.thread, s.during_backward) {
+            (Some(t), true) => lines[0].push_str(&format!("  [{}thread {t}, during backward()]", op_prefix(s))),
+            (Some(t), false) => lines[0].push_str(&format!("  [{}thread {t}, no Python stack]", op_prefix(s))),
+            _ => {}
         }
         writeln!(out, "  {:>10} {:>5}x  {}", size(s.bytes), s.count, lines[0])?;
         for l in &lines[1..] {
@@ -422,6 +442,37 @@ fn render_sites(
             "  ... and {} more (see --top)",
             count(more as u64, "site")
         )?;
+    }
+    Ok(())
+}
+
+fn op_prefix(s: &Site) -> String {
+    s.op.as_ref().map(|o| format!("{o} on ")).unwrap_or_default()
+}
+
+fn render_growth(g: &GroupReport, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
+    if g.growing_sites.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "  growing: live bytes that kept rising over the run (the usual shape of a leak):")?;
+    for s in &g.growing_sites {
+        let lines = site_lines(&s.site.site, &s.site.frames, s.site.site_index, opts.frames);
+        writeln!(
+            out,
+            "  {:>10}         {}  ({} -> {}, rising in {} of {} windows, never falling)",
+            format!("+{}", size(s.gained_bytes)),
+            lines[0],
+            size(s.first_bytes),
+            size(s.last_bytes),
+            s.rising_windows,
+            s.windows
+        )?;
+        for l in &lines[1..] {
+            writeln!(out, "  {:>10} {:>5}   {l}", "", "")?;
+        }
+    }
+    if g.more_growing_sites > 0 {
+        writeln!(out, "  ... and {} more (see --top)", count(g.more_growing_sites as u64, "site"))?;
     }
     Ok(())
 }
@@ -477,15 +528,19 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
         "live when the trace stops"
     };
     for g in &r.groups {
+        let pool = r.pools.iter().find(|p| p.device == g.device);
+        let kind = match g.kind {
+            "block" => "blocks (tensors of the caching allocator)".to_string(),
+            k => format!("{k} memory"),
+        };
         let mut head = format!(
-            "{}, {} memory: {}, {} allocated, {}, {} failed",
+            "{}, {kind}: {}, {} allocated, {}, {} failed",
             // Address reservations belong to no device; only pinned memory is "host".
             if g.device < 0 && g.kind != "host-pinned" {
                 "no device".to_string()
             } else {
                 device_name(g.device)
             },
-            g.kind,
             count(g.allocations, "allocation"),
             size(g.allocated_bytes),
             count(g.frees, "free"),
@@ -501,14 +556,41 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
         if g.allocations == 0 {
             continue;
         }
+        render_growth(g, opts, out)?;
         writeln!(
             out,
-            "  peak {} ({} live) at {}:",
+            "  {}peak {} ({} live) at {}:",
+            if g.kind == "block" { "allocated " } else { "" },
             size(g.peak_bytes),
             g.peak_count,
             seconds(g.peak_time_ns)
         )?;
         render_sites(&g.peak_sites, g.more_peak_sites, opts, out)?;
+        if g.kind == "vmm-reserved" {
+            // Address space is not memory: never a leak of bytes.
+            if g.live_count > 0 {
+                writeln!(
+                    out,
+                    "  still reserved at the end: {} of address space in {} (address space, not memory)",
+                    size(g.live_bytes),
+                    count(g.live_count, "reservation")
+                )?;
+            }
+            continue;
+        }
+        if let (Some(p), "device" | "vmm-physical" | "vmm-mapped") = (pool, g.kind) {
+            // Under a caching allocator, this memory is its segments (their blocks are listed
+            // above) or direct driver allocations (listed with the pool).
+            let live = g.live_at_python_exit_bytes.unwrap_or(g.live_bytes);
+            writeln!(
+                out,
+                "  live {}: {} (the caching allocator's segments and direct driver allocations: see the blocks of device {} above)",
+                if p.at == "python-exit" { "when the Python program finished" } else { "at the end" },
+                size(live),
+                g.device
+            )?;
+            continue;
+        }
         if let (Some(bytes), Some(n)) = (g.live_at_python_exit_bytes, g.live_at_python_exit_count) {
             // Python frees its objects at shutdown: the leaks are what was live just before.
             if n == 0 {
@@ -516,9 +598,10 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
             } else {
                 writeln!(
                     out,
-                    "  live when the Python program finished (leaked) {} in {}:",
+                    "  {} when the Python program finished (leaked) {} in {}:",
+                    if g.kind == "block" { "still allocated" } else { "live" },
                     size(bytes),
-                    count(n, "allocation")
+                    count(n, if g.kind == "block" { "block" } else { "allocation" })
                 )?;
                 render_sites(&g.leak_sites, g.more_leak_sites, opts, out)?;
             }
@@ -537,9 +620,12 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
                 out,
                 "  {live_label} {} in {}:",
                 size(g.live_bytes),
-                count(g.live_count, "allocation")
+                count(g.live_count, if g.kind == "block" { "block" } else { "allocation" })
             )?;
             render_sites(&g.leak_sites, g.more_leak_sites, opts, out)?;
+        }
+        if let (Some(p), "block") = (pool, g.kind) {
+            super::pools::render(p, &|s, more, out| render_sites(s, more, opts, out), out)?;
         }
     }
     // The per-device total only adds information when several kinds share the device.
@@ -587,6 +673,15 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
             for l in &lines[1..] {
                 writeln!(out, "      {l}")?;
             }
+            if let Some(p) = &f.pool {
+                writeln!(
+                    out,
+                    "      the caching allocator then: {} allocated in blocks, {} reserved, {} of it cached and free",
+                    size(p.allocated_bytes),
+                    size(p.reserved_bytes),
+                    size(p.cached_bytes)
+                )?;
+            }
         }
         if r.more_failures > 0 {
             writeln!(out, "  ... and {} more", r.more_failures)?;
@@ -602,7 +697,11 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
                 )?;
             }
             for g in &r.last_failure_live {
-                writeln!(out, "    {} memory: {} in {}", g.kind, size(g.live_bytes), count(g.live_count, "allocation"))?;
+                if g.kind == "block" {
+                    writeln!(out, "    blocks (tensors): {} in {}", size(g.live_bytes), count(g.live_count, "block"))?;
+                } else {
+                    writeln!(out, "    {} memory: {} in {}", g.kind, size(g.live_bytes), count(g.live_count, "allocation"))?;
+                }
                 render_sites(&g.sites, g.more_sites, opts, out)?;
             }
         }
