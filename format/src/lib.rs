@@ -914,7 +914,23 @@ mod tests {
                 stream: 0,
                 extra: 0,
                 pystack: 0,
+                flags: 0,
+                total_allocated: 0,
+                total_reserved: 0,
             }),
+            // A block of a caching allocator, with its totals (version 3's trailing fields).
+            Record::Event(Event {
+                api: 3,
+                time_ns: 990,
+                addr: 0x7f00_0000_0200,
+                size: 512,
+                flags: event_flags::PYTHON,
+                total_allocated: 1 << 20,
+                total_reserved: 20 << 20,
+                ..Event::default()
+            }),
+            // Only the flags set: the totals are left out.
+            Record::Event(Event { api: 3, time_ns: 995, flags: event_flags::PYTHON, ..Event::default() }),
             Record::Event(Event { api: 3, time_ns: 900, device: -1, result: 2, size: 1 << 40, ..Event::default() }),
             Record::Notice("hello".into()),
             Record::PyCode(PyCode {
@@ -944,6 +960,18 @@ mod tests {
             enc.encode(r, &mut out);
         }
         out
+    }
+
+    #[test]
+    fn version_3_fields_cost_nothing_when_zero() {
+        let ev = |e: Event| {
+            let mut out = Vec::new();
+            Encoder::new().encode(&Record::Event(e), &mut out);
+            out.len()
+        };
+        let plain = ev(Event { api: 3, size: 100, ..Event::default() });
+        assert_eq!(ev(Event { api: 3, size: 100, flags: 1, ..Event::default() }), plain + 1);
+        assert_eq!(ev(Event { api: 3, size: 100, total_reserved: 1, ..Event::default() }), plain + 3);
     }
 
     #[test]

@@ -191,5 +191,6 @@ pub fn kind_name(k: MemKind) -> &'static str {
         MemKind::VmmPhysical => "vmm_physical",
         MemKind::VmmReserved => "vmm_reserved",
         MemKind::VmmMapped => "vmm_mapped",
+        MemKind::Block => "block",
     }
 }

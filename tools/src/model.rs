@@ -1036,6 +1036,7 @@ pub(crate) mod tests {
                 time_ns: 6,
                 stack: 6,
                 live_bytes_on_device: 400,
+                pool: None,
                 ordinal: 6,
             }]
         );

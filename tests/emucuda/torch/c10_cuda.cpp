@@ -39,7 +39,7 @@ struct Block {
 struct DeviceState {
     std::map<uint64_t, Block> blocks;      // by address, every block of every segment
     std::map<uint64_t, uint64_t> segments; // start -> size (classic segments)
-    uint64_t allocated = 0, reserved = 0, max_allocated = 0;
+    uint64_t allocated = 0, reserved = 0, max_allocated = 0, max_reserved = 0;
     // expandable segments
     CUdeviceptr va = 0;
     uint64_t va_size = 0, mapped = 0;
@@ -61,6 +61,8 @@ static int current_device()
 
 static void report(DeviceState &s, int dev, uint64_t addr, long size)
 {
+    if (s.reserved > s.max_reserved)
+        s.max_reserved = s.reserved;
     c10::Device d{1, (int8_t)dev};
     if (old_api)
         c10::reportMemoryUsageToProfiler((void *)addr, size, d);
@@ -248,6 +250,7 @@ extern "C" {
 unsigned long long c10_cuda_memory_allocated(int dev) { return devs[dev].allocated; }
 unsigned long long c10_cuda_memory_reserved(int dev) { return devs[dev].reserved; }
 unsigned long long c10_cuda_max_memory_allocated(int dev) { return devs[dev].max_allocated; }
+unsigned long long c10_cuda_max_memory_reserved(int dev) { return devs[dev].max_reserved; }
 void *c10_cuda_raw_alloc(unsigned long long n) { return c10::cuda::CUDACachingAllocator::malloc(n); }
 void c10_cuda_raw_free(void *p) { c10::cuda::CUDACachingAllocator::free(p); }
 void c10_cuda_empty_cache(void) { emptyCache(); }

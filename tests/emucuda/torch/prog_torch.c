@@ -2,7 +2,7 @@
  * prog_torch: a program using the emulated PyTorch (libtorch_cuda.so -> libc10_cuda.so ->
  * libc10.so), opened with dlopen(RTLD_LOCAL) as Python imports torch. Prints the allocator's own
  * counters at checkpoints and the profiler tally at the end (the contract with tests/torch.rs):
- *   checkpoint=NAME allocated=A reserved=R max_allocated=M
+ *   checkpoint=NAME allocated=A reserved=R max_allocated=M max_reserved=MR
  *   oom request=N allocated=A reserved=R
  *   profiler calls=... (libc10's tally: identical with and without the tracer)
  * The two gradients still alive at exit are freed by libtorch_cuda's exit handler.
@@ -25,7 +25,7 @@ static void *(*raw_alloc)(unsigned long long);
 static void (*raw_free)(void *), (*op_free)(void *);
 static void *(*op_mm)(unsigned long long);
 static void (*empty_cache)(void);
-static unsigned long long (*allocated)(int), (*reserved)(int), (*max_allocated)(int);
+static unsigned long long (*allocated)(int), (*reserved)(int), (*max_allocated)(int), (*max_reserved)(int);
 static int (*run_backward)(int, unsigned long long, void **);
 static void *(*cpu_alloc)(size_t);
 static void (*cpu_free)(void *, size_t);
@@ -44,8 +44,8 @@ static void *sym(void *h, const char *name)
 
 static void checkpoint(const char *name)
 {
-    printf("checkpoint=%s allocated=%llu reserved=%llu max_allocated=%llu\n", name, allocated(0), reserved(0),
-           max_allocated(0));
+    printf("checkpoint=%s allocated=%llu reserved=%llu max_allocated=%llu max_reserved=%llu\n", name, allocated(0),
+           reserved(0), max_allocated(0), max_reserved(0));
     fflush(stdout);
 }
 
@@ -146,6 +146,7 @@ int main(int argc, char **argv)
     allocated = sym(torch, "c10_cuda_memory_allocated");
     reserved = sym(torch, "c10_cuda_memory_reserved");
     max_allocated = sym(torch, "c10_cuda_max_memory_allocated");
+    max_reserved = sym(torch, "c10_cuda_max_memory_reserved");
     run_backward = sym(torch, "torch_emu_run_backward");
     cpu_alloc = sym(torch, "c10_cpu_alloc");
     cpu_free = sym(torch, "c10_cpu_free");
