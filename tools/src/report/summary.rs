@@ -803,7 +803,7 @@ mod tests {
                     site1,
                 ],
                 "live_bytes": 200, "live_count": 2, "live_at_python_exit_bytes": null,
-                "live_at_python_exit_count": null, "leak_sites": [site1],
+                "live_at_python_exit_count": null, "leak_sites": [site1], "growing_sites": [],
             }],
             "devices": [{"device": 0, "peak_bytes": 500, "peak_time_ns": 3_000, "live_bytes": 200}],
             "failures": [{"api": "cudaMalloc", "device": 0, "kind": "device", "size": 1u64 << 30, "result": 2,
@@ -813,6 +813,7 @@ mod tests {
                                               "module": null, "address": 0x100, "frames": [frame(0x100), frame(0x200)]}]}],
             "unknown_frees": [{"api": "cudaFree", "addr": 0xdead, "result": 0, "time_ns": 6_000,
                                "site": frame(0x100), "frames": [frame(0x100), frame(0x200)]}],
+            "pools": [],
         });
         assert_eq!(v, expected);
     }
