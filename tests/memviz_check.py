@@ -25,6 +25,63 @@ def check_frames(frames, where):
                 fail(f"{where}: frame {f!r} lacks {k} ({t.__name__})")
 
 
+def replay_backwards(data, dev, entries):
+    """MemoryViz.js's Allocator State History: from the final segments and blocks, undo the
+    entries one by one; at every step each live block must lie in a live segment (else the
+    page fails to draw it), and each segment entry must match a segment then."""
+    segs = sorted([s["address"], s["total_size"]] for s in data["segments"] if s["device"] == dev)
+    blocks = {b["address"]: b["size"] for s in data["segments"] if s["device"] == dev
+              for b in s["blocks"] if b["state"] in ("active_allocated", "active_pending_free")}
+
+    def containing(addr, size):
+        return next((s for s in segs if s[0] <= addr and addr + size <= s[0] + s[1]), None)
+
+    for i in range(len(entries) - 1, -1, -1):
+        e = entries[i]
+        a, n, act = e["addr"], e["size"], e["action"]
+        where = f"device {dev} entry {i} ({act} {a:#x})"
+        if act == "alloc":
+            if blocks.pop(a, None) is None:
+                fail(f"{where}: undoing an alloc of a block that is not live")
+        elif act == "free_completed":
+            if a in blocks:
+                fail(f"{where}: undoing a free of a live block")
+            blocks[a] = n
+        elif act == "free_requested":
+            if a not in blocks:
+                fail(f"{where}: free_requested of a block that is not live")
+        elif act in ("segment_free", "segment_unmap"):
+            if containing(a, 1) or any(a <= s[0] < a + n for s in segs):
+                fail(f"{where}: segment overlaps a live one")
+            segs.append([a, n])
+            segs.sort()
+            if act == "segment_unmap":  # merged with its neighbours, as the page does
+                merged = []
+                for s in segs:
+                    if merged and merged[-1][0] + merged[-1][1] == s[0]:
+                        merged[-1][1] += s[1]
+                    else:
+                        merged.append(s)
+                segs[:] = merged
+        elif act == "segment_alloc":
+            s = next((s for s in segs if s[0] == a), None)
+            if s is None or s[1] != n:
+                fail(f"{where}: no live segment of {n} bytes at this address")
+            segs.remove(s)
+        elif act == "segment_map":
+            s = containing(a, n)
+            if s is None:
+                fail(f"{where}: mapped range in no live segment")
+            segs.remove(s)
+            for piece in ([s[0], a - s[0]], [a + n, s[0] + s[1] - a - n]):
+                if piece[1] > 0:
+                    segs.append(piece)
+            segs.sort()
+        for b, size in blocks.items():
+            if containing(b, size) is None:
+                fail(f"{where}: block {b:#x} of {size} bytes lies in no segment before it")
+
+
 def main():
     with open(sys.argv[1], "rb") as fh:
         data = pickle.load(fh)
@@ -54,7 +111,7 @@ def main():
             fail(f"segment {i}: active_size {seg['active_size']} != blocks {active}")
     if not isinstance(data["device_traces"], list):
         fail("device_traces is not a list")
-    facts = {"peak": {}, "live_end": {}, "oom": {}, "entries": {}}
+    facts = {"peak": {}, "live_end": {}, "oom": {}, "entries": {}, "active": {}, "segments": {}, "actions": {}}
     for dev, entries in enumerate(data["device_traces"]):
         live, now, peak, ooms = {}, 0, 0, 0
         last_t = -1
@@ -87,6 +144,12 @@ def main():
                  for b in s["blocks"] if b["state"] == "active_allocated"}
         if final != live:
             fail(f"device {dev}: segments {sorted(final)} != live at the end of the trace {sorted(live)}")
+        replay_backwards(data, dev, entries)
+        facts["active"][dev] = sorted([a, n] for a, n in final.items())
+        facts["segments"][dev] = [[s["address"], s["total_size"], s["is_expandable"]] for s in data["segments"] if s["device"] == dev]
+        facts["actions"][dev] = {}
+        for e in entries:
+            facts["actions"][dev][e["action"]] = facts["actions"][dev].get(e["action"], 0) + 1
         facts["peak"][dev] = peak
         facts["live_end"][dev] = now
         facts["oom"][dev] = ooms

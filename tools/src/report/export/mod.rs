@@ -2,4 +2,6 @@
 
 pub mod memviz;
 pub mod perfetto;
+mod pickle;
+mod pool_steps;
 pub mod speedscope;

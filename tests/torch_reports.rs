@@ -1,0 +1,217 @@
+//! The reports beyond `summary` at both levels of PyTorch's caching allocator, on the emulated
+//! PyTorch (tests/emucuda/torch; see tests/torch.rs): the memory_viz snapshot in PyTorch's own
+//! structure (segments holding blocks).
+//! Figures are checked against the allocator's own counters and against the trace's events.
+
+mod common;
+use common::*;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use gpumemtrace_format::{MemKind, Op};
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+/// prog_torch's two gradients still alive at its last checkpoint, freed by libtorch's exit handler.
+const GRADS_FREED_AT_EXIT: u64 = 2 * 512 * 1024;
+
+fn gmt(args: &[&str]) -> Output {
+    Command::new(cli()).args(args).output().unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = gmt(args);
+    assert!(o.status.success(), "gpumemtrace {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `key=value` words of the first stdout line starting with `prefix`, as numbers.
+fn line(stdout: &str, prefix: &str) -> HashMap<String, u64> {
+    let l = stdout.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no {prefix} line in {stdout}"));
+    l.split_whitespace().filter_map(|kv| kv.split_once('=')).filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?))).collect()
+}
+
+fn torch_run(args: &[&str], env: &[(&str, &str)]) -> (Run, PathBuf) {
+    let run = run_traced("prog_torch", args, env);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    let t = run.traces[0].clone();
+    (run, t)
+}
+
+/// Replays the trace's own events: live blocks and live driver ranges (device allocations and
+/// mappings) at its end, and every block address ever handed out.
+struct Replayed {
+    blocks: BTreeMap<u64, u64>,
+    ranges: BTreeMap<u64, (u64, MemKind)>,
+    ever: Vec<(u64, u64)>,
+    reservations: Vec<u64>,
+}
+
+fn replay(t: &TraceData) -> Replayed {
+    let mut r = Replayed { blocks: BTreeMap::new(), ranges: BTreeMap::new(), ever: vec![], reservations: vec![] };
+    for e in t.events.iter().filter(|e| e.result == 0) {
+        let api = t.api(e);
+        match (api.kind, api.op) {
+            (MemKind::Block, Op::Alloc) => {
+                r.blocks.insert(e.addr, e.size);
+                r.ever.push((e.addr, e.size));
+            }
+            (MemKind::Block, Op::Free) => {
+                r.blocks.remove(&e.addr);
+            }
+            (MemKind::Device | MemKind::VmmMapped, Op::Alloc) => {
+                r.ranges.insert(e.addr, (e.size, api.kind));
+            }
+            (MemKind::Device | MemKind::VmmMapped, Op::Free) => {
+                r.ranges.remove(&e.addr);
+            }
+            (MemKind::VmmReserved, Op::Alloc) => r.reservations.push(e.addr),
+            _ => {}
+        }
+    }
+    r
+}
+
+/// Exports memviz and reads it back with tests/memviz_check.py (which fails on anything
+/// memory_viz could not draw: blocks that do not tile their segment, a block outside every
+/// segment at some point of the history, trace entries that disagree with the final state).
+fn memviz(trace: &Path) -> (Value, Vec<u8>) {
+    let p = trace.with_extension("pickle");
+    ok(&["export", s(trace), "--format", "memviz", "-o", s(&p)]);
+    let checker = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/memviz_check.py");
+    let o = Command::new("python3").arg(&checker).arg(&p).output().expect("python3 is needed for this test");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    (serde_json::from_slice(&o.stdout).unwrap(), std::fs::read(&p).unwrap())
+}
+
+fn pairs(v: &Value) -> Vec<(u64, u64)> {
+    v.as_array().unwrap().iter().map(|p| (p[0].as_u64().unwrap(), p[1].as_u64().unwrap())).collect()
+}
+
+fn count(facts: &Value, action: &str) -> u64 {
+    facts["actions"]["0"][action].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn memviz_snapshot_has_pytorchs_segments_and_exactly_the_live_blocks() {
+    let (run, t) = torch_run(&[], &[]);
+    let end = line(&run.stdout, "checkpoint=end");
+    let (facts, raw) = memviz(&t);
+    let r = replay(&run.trace());
+    // Active blocks: the live blocks at the end of the trace, address and size.
+    assert_eq!(pairs(&facts["active"]["0"]), r.blocks.iter().map(|(&a, &n)| (a, n)).collect::<Vec<_>>());
+    let active: u64 = r.blocks.values().sum();
+    assert_eq!(active, end["allocated"] - GRADS_FREED_AT_EXIT);
+    // Segments: the live device allocations that held a block (the cuBLAS-like workspace
+    // never did, and is no segment), summing to what the allocator reserved.
+    let held: Vec<(u64, u64)> = r
+        .ranges
+        .iter()
+        .filter(|(&a, &(n, _))| r.ever.iter().any(|&(b, m)| b < a + n && b + m > a))
+        .map(|(&a, &(n, _))| (a, n))
+        .collect();
+    assert_eq!(held.len(), r.ranges.len() - 1);
+    assert_eq!(pairs(&facts["segments"]["0"]), held);
+    assert_eq!(held.iter().map(|p| p.1).sum::<u64>(), end["reserved"]);
+    assert!(facts["segments"]["0"].as_array().unwrap().iter().all(|s| s[2] == false));
+    // The history: 32 blocks handed out and 20 taken back; 6 of the 7 cudaMallocs became
+    // segments with their first block, 1 went back with empty_cache.
+    assert_eq!((count(&facts, "alloc"), count(&facts, "free_requested"), count(&facts, "free_completed")), (32, 20, 20));
+    assert_eq!((count(&facts, "segment_alloc"), count(&facts, "segment_free"), count(&facts, "oom")), (6, 1, 0));
+    assert_eq!(facts["peak"]["0"].as_u64(), Some(end["max_allocated"]));
+    // Compact: each string (a file name here) is in the pickle once, then referred to.
+    let once = |needle: &[u8]| raw.windows(needle.len()).filter(|w| *w == needle).count();
+    assert_eq!(once(b"prog_torch.c"), 1);
+    assert_eq!(once(b"free_requested"), 1);
+}
+
+#[test]
+fn memviz_snapshot_of_expandable_segments_is_one_run_of_mapped_pages() {
+    let (run, t) = torch_run(&[], &[("EMU_TORCH_EXPANDABLE", "1")]);
+    let end = line(&run.stdout, "checkpoint=end");
+    let (facts, _) = memviz(&t);
+    let trace = run.trace();
+    let r = replay(&trace);
+    assert_eq!(pairs(&facts["active"]["0"]), r.blocks.iter().map(|(&a, &n)| (a, n)).collect::<Vec<_>>());
+    // Every page mapped at the end of the one reservation, as PyTorch reports it.
+    let segments = facts["segments"]["0"].as_array().unwrap();
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    assert_eq!(segments[0][0].as_u64(), Some(r.reservations[0]));
+    assert_eq!(segments[0][1].as_u64(), Some(end["reserved"]));
+    assert_eq!(segments[0][2], true);
+    let maps = trace.events.iter().filter(|e| trace.api_name(e) == "cuMemMap").count() as u64;
+    assert_eq!((count(&facts, "segment_map"), count(&facts, "segment_alloc")), (maps, 0));
+}
+
+#[test]
+fn memviz_snapshot_records_the_out_of_memory_at_block_level() {
+    let (run, t) = torch_run(&["oom"], &[]);
+    let oom = line(&run.stdout, "oom");
+    let (facts, _) = memviz(&t);
+    // The allocator asked the driver twice (before and after freeing its cache).
+    assert_eq!(count(&facts, "oom"), 2);
+    let active: u64 = pairs(&facts["active"]["0"]).iter().map(|p| p.1).sum();
+    assert_eq!(active, oom["allocated"]);
+    let reserved: u64 = pairs(&facts["segments"]["0"]).iter().map(|p| p.1).sum();
+    assert_eq!(reserved, oom["reserved"]);
+}
+
+fn python_run(steps: &str) -> Run {
+    let dir = scratch("torch_reports_python");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/torch_train.py");
+    let child = Command::new("python3")
+        .arg(script)
+        .arg(steps)
+        .current_dir(&dir)
+        .env("LD_PRELOAD", shim())
+        .env("GPUMEMTRACE_OUTPUT", format!("{}/", dir.display()))
+        .env("EMUCUDA_DEVICES", "1")
+        .env("EMU_TORCH_LIB", emu().join("libtorch_cuda.so"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let pid = child.id();
+    let run = finish(child.wait_with_output().unwrap(), dir, pid);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    run
+}
+
+/// torch_train.py's `line name=N line=L` lines.
+fn lines_of(run: &Run) -> HashMap<String, u64> {
+    run.stdout
+        .lines()
+        .filter(|l| l.starts_with("line "))
+        .map(|l| {
+            let kv: HashMap<&str, &str> = l.split_whitespace().filter_map(|w| w.split_once('=')).collect();
+            (kv["name"].to_owned(), kv["line"].parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn memviz_snapshot_of_a_python_program_names_its_lines() {
+    let run = python_run("8");
+    let lines = lines_of(&run);
+    let (facts, raw) = memviz(&run.traces[0]);
+    // The interpreter's shutdown freed every tensor before the trace ended.
+    assert_eq!(facts["active"]["0"].as_array().unwrap().len(), 0);
+    assert!(raw.windows(14).any(|w| w == b"torch_train.py"));
+    let p = run.traces[0].with_extension("pickle");
+    let script = format!(
+        "import pickle; d = pickle.load(open({:?}, 'rb'))\n\
+         print(sum(1 for e in d['device_traces'][0] if e['action'] == 'alloc' and e['frames'] \
+         and e['frames'][0]['filename'].endswith('torch_train.py') and e['frames'][0]['line'] == {} and e['size'] == {}))",
+        s(&p),
+        lines["loss"],
+        2 * MIB
+    );
+    let o = Command::new("python3").arg("-c").arg(script).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "8", "{}", String::from_utf8_lossy(&o.stderr));
+}
