@@ -1,6 +1,7 @@
 //! The reports beyond `summary` at both levels of PyTorch's caching allocator, on the emulated
 //! PyTorch (tests/emucuda/torch; see tests/torch.rs): the memory_viz snapshot in PyTorch's own
-//! structure (segments holding blocks).
+//! structure (segments holding blocks), Perfetto's exact allocated/reserved tracks, `check`'s
+//! allocated and reserved budgets, `diff` of tensors by Python line, flame graphs of tensors.
 //! Figures are checked against the allocator's own counters and against the trace's events.
 
 mod common;
@@ -42,6 +43,11 @@ fn torch_run(args: &[&str], env: &[(&str, &str)]) -> (Run, PathBuf) {
     assert!(run.out.status.success(), "{}", run.stderr);
     let t = run.traces[0].clone();
     (run, t)
+}
+
+fn pool(trace: &Path) -> Value {
+    let v: Value = serde_json::from_str(&ok(&["summary", "--json", s(trace)])).unwrap();
+    v["traces"][0]["pools"][0].clone()
 }
 
 /// Replays the trace's own events: live blocks and live driver ranges (device allocations and
@@ -162,6 +168,94 @@ fn memviz_snapshot_records_the_out_of_memory_at_block_level() {
     assert_eq!(reserved, oom["reserved"]);
 }
 
+/// Counter values of one Perfetto track, in order.
+fn track(v: &Value, name: &str) -> Vec<u64> {
+    v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == name)
+        .map(|e| e["args"].as_object().unwrap().values().next().unwrap().as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn perfetto_has_exact_allocated_and_reserved_tracks() {
+    let (run, t) = torch_run(&[], &[]);
+    let end = line(&run.stdout, "checkpoint=end");
+    let v: Value = serde_json::from_str(&ok(&["export", s(&t), "--format", "perfetto"])).unwrap();
+    let allocated = track(&v, "device 0 allocated (blocks, bytes)");
+    let reserved = track(&v, "device 0 reserved (segments, bytes)");
+    let trace = run.trace();
+    let blocks = trace.events.iter().filter(|e| trace.api(e).kind == MemKind::Block).count();
+    // A point at every block handed out or taken back, none resampled away.
+    assert_eq!(allocated.len(), blocks);
+    assert_eq!(allocated.iter().max().copied(), Some(end["max_allocated"]));
+    assert_eq!(allocated.last().copied(), Some(end["allocated"] - GRADS_FREED_AT_EXIT));
+    // 6 segments made, 1 given back.
+    assert_eq!(reserved.len(), 7);
+    assert_eq!(reserved.iter().max().copied(), Some(end["max_reserved"]));
+    assert_eq!(reserved.last().copied(), Some(end["reserved"]));
+    let p = pool(&t);
+    assert_eq!(allocated.iter().max().copied(), p["allocated_peak_bytes"].as_u64());
+    assert_eq!(reserved.iter().max().copied(), p["reserved_peak_bytes"].as_u64());
+    assert_eq!(allocated.last().copied(), p["allocated_bytes"].as_u64());
+    assert_eq!(reserved.last().copied(), p["reserved_bytes"].as_u64());
+    // The exact allocated track replaces the sampled one of the blocks.
+    assert!(track(&v, "device 0 block memory (bytes)").is_empty());
+    assert!(!track(&v, "device 0 device memory (bytes)").is_empty());
+}
+
+#[test]
+fn check_gates_on_the_allocated_and_reserved_peaks() {
+    let (run, t) = torch_run(&[], &[]);
+    let end = line(&run.stdout, "checkpoint=end");
+    let (max_a, max_r) = (end["max_allocated"].to_string(), end["max_reserved"].to_string());
+    let (under_a, under_r) = ((end["max_allocated"] - 1).to_string(), (end["max_reserved"] - MIB).to_string());
+    let t = s(&t);
+    // At the peaks exactly: within budget.
+    let o = gmt(&["check", t, "--max-allocated", &max_a, "--max-reserved", &max_r]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stdout));
+    // A byte under the allocated peak and a MiB under the reserved one: both fail, each said.
+    let o = gmt(&["check", t, "--max-allocated", &under_a, "--max-reserved", &under_r, "--device", "0"]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("FAIL device 0: allocated peak (blocks) 28.0 MiB exceeds --max-allocated 28.0 MiB by 1 B (reached at"), "{out}");
+    assert!(out.contains("FAIL device 0: reserved peak (segments) 48.0 MiB exceeds --max-reserved 47.0 MiB by 1.0 MiB"), "{out}");
+    let o = gmt(&["check", t, "--max-allocated", &under_a, "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let c = &v["traces"][0]["checks"][0];
+    assert_eq!((c["check"].as_str(), c["device"].as_i64(), c["actual"].as_u64()), (Some("max-allocated"), Some(0), Some(end["max_allocated"])));
+    // Nothing to judge: exit 2 with the reason, never a silent pass.
+    let o = gmt(&["check", t, "--max-allocated", "1GiB", "--device", "1"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--max-allocated needs blocks of PyTorch's caching allocator, and there are none on device 1"));
+    let plain = run_traced("prog_runtime_dynamic", &[], &[]);
+    for flag in ["--max-allocated", "--max-reserved"] {
+        let o = gmt(&["check", s(&plain.traces[0]), flag, "1GiB"]);
+        assert_eq!(o.status.code(), Some(2), "{flag}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("there are none in this trace"), "{flag}");
+    }
+}
+
+#[test]
+fn flamegraphs_show_the_tensors_unless_asked_for_segments() {
+    let (run, t) = torch_run(&[], &[]);
+    let folded = ok(&["flamegraph", s(&t), "--of", "leaks", "--folded"]);
+    let lines: Vec<&str> = folded.lines().collect();
+    assert!(lines.iter().all(|l| l.starts_with("device 0: block;")), "{folded}");
+    let keep = lines.iter().filter(|l| l.contains(";keep_history (prog_torch.c:")).collect::<Vec<_>>();
+    assert_eq!(keep.len(), 1, "{folded}");
+    assert!(keep[0].ends_with(&format!(" {}", 5 * MIB)), "{folded}");
+    let total: u64 = lines.iter().map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum();
+    assert_eq!(total, replay(&run.trace()).blocks.values().sum::<u64>());
+    // The driver level: segments and the workspace, no blocks.
+    let folded = ok(&["flamegraph", s(&t), "--of", "leaks", "--folded", "--level", "segments"]);
+    assert!(!folded.contains("device 0: block"), "{folded}");
+    let ws = folded.lines().find(|l| l.contains(";cublas_workspace (prog_torch.c:")).unwrap();
+    assert!(ws.starts_with("device 0: device;") && ws.ends_with(&format!(" {}", 3 * MIB)), "{folded}");
+}
+
 fn python_run(steps: &str) -> Run {
     let dir = scratch("torch_reports_python");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/torch_train.py");
@@ -193,6 +287,41 @@ fn lines_of(run: &Run) -> HashMap<String, u64> {
             (kv["name"].to_owned(), kv["line"].parse().unwrap())
         })
         .collect()
+}
+
+#[test]
+fn diff_compares_tensors_by_python_line() {
+    let (a, b) = (python_run("8"), python_run("10"));
+    let at = |r: &Run| line(&r.stdout, "at name=end");
+    let lines = lines_of(&a);
+    let v: Value = serde_json::from_str(&ok(&["diff", s(&a.traces[0]), s(&b.traces[0]), "--json"])).unwrap();
+    let pool = &v["devices"][0]["pool"];
+    assert_eq!(
+        pool["allocated_peak_bytes"]["delta"].as_i64(),
+        Some(at(&b)["max_allocated"] as i64 - at(&a)["max_allocated"] as i64)
+    );
+    assert_eq!(pool["allocated_peak_bytes"]["delta"].as_i64(), Some(4 * MIB as i64));
+    let block_sites = |list: &str| -> Vec<(String, i64, u64, u64)> {
+        v[list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["kind"] == "block")
+            .map(|s| (s["site"].as_str().unwrap().to_owned(), s["delta"].as_i64().unwrap(), s["count_a"].as_u64().unwrap(), s["count_b"].as_u64().unwrap()))
+            .collect()
+    };
+    let site = |line: u64| format!("train_step torch_train.py:{line}");
+    let (loss, backward) = (lines["loss"], lines["backward"]);
+    let x = loss - 2; // `x = torch.empty(8 * MiB)`, two lines above the loss
+    // The leak: the kept loss, 2 MiB a step, two more steps; nothing else leaks more.
+    assert_eq!(block_sites("leaks"), [(site(loss), 4 * MIB as i64, 8, 10)]);
+    // Two more steps allocate two more of each: x (8 MiB), the loss (2 MiB), and for the line
+    // that called backward() two gradients (512 KiB each, made on autograd's thread) and
+    // backward()'s own 512-byte grad_output (in torch's code, sited at the caller's line).
+    assert_eq!(
+        block_sites("allocated"),
+        [(site(x), 16 * MIB as i64, 8, 10), (site(loss), 4 * MIB as i64, 8, 10), (site(backward), (2 * MIB + 2 * 512) as i64, 24, 30)]
+    );
 }
 
 #[test]

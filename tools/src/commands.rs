@@ -17,14 +17,16 @@ use crate::{Cmd, ExportFormat, Select};
 pub fn dispatch(cmd: &Cmd) -> Option<ExitCode> {
     let r = match cmd {
         Cmd::Timeline { sel, output } => timeline_cmd(sel, output.as_deref()),
-        Cmd::Flamegraph { sel, of, folded, output } => flamegraph_cmd(sel, *of, *folded, output.as_deref()),
-        Cmd::Export { sel, format, of, output } => export_cmd(sel, *format, *of, output.as_deref()),
+        Cmd::Flamegraph { sel, of, level, folded, output } => flamegraph_cmd(sel, *of, *level, *folded, output.as_deref()),
+        Cmd::Export { sel, format, of, level, output } => export_cmd(sel, *format, (*of, *level), output.as_deref()),
         Cmd::Phases { sel, json } => phases_cmd(sel, *json),
-        Cmd::Check { traces, max_peak, max_leaked, max_failed, device, phase, pid, json } => {
+        Cmd::Check { traces, max_peak, max_leaked, max_failed, max_allocated, max_reserved, device, phase, pid, json } => {
             let b = check::Budgets {
                 max_peak: *max_peak,
                 max_leaked: *max_leaked,
                 max_failed: *max_failed,
+                max_allocated: *max_allocated,
+                max_reserved: *max_reserved,
                 device: *device,
             };
             return Some(check_cmd(traces, &b, phase.clone(), *pid, *json));
@@ -116,12 +118,12 @@ fn timeline_cmd(sel: &Select, out: Option<&Path>) -> Result<(), String> {
     output(out, |w| w.write_all(page.as_bytes()))
 }
 
-fn flamegraph_cmd(sel: &Select, of: flamegraph::Of, folded: bool, out: Option<&Path>) -> Result<(), String> {
+fn flamegraph_cmd(sel: &Select, of: flamegraph::Of, level: flamegraph::Level, folded: bool, out: Option<&Path>) -> Result<(), String> {
     let path = one_trace(&sel.trace, sel.pid)?;
     let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut |_| {})?;
     let mut sym = Symbolizer::new();
     let mut sym = sym.for_trace(&t.modules);
-    let stacks = flamegraph::weighted(&t, &mut sym, of, sel.device);
+    let stacks = flamegraph::weighted(&t, &mut sym, of, sel.device, level);
     let lines = flamegraph::folded(&stacks);
     if folded {
         return output(out, |w| lines.iter().try_for_each(|l| writeln!(w, "{l}")));
@@ -132,14 +134,24 @@ fn flamegraph_cmd(sel: &Select, of: flamegraph::Of, folded: bool, out: Option<&P
         flamegraph::Of::Leaks => "leaked (live at the end)",
         flamegraph::Of::Allocated => "allocated",
     };
-    let mut title = format!("GPU memory {what}: {exe}");
+    let memory = if !t.pools.is_empty() && level == flamegraph::Level::Blocks {
+        "Tensors (blocks of the caching allocator)"
+    } else {
+        "GPU memory"
+    };
+    let mut title = format!("{memory} {what}: {exe}");
     if let Some(p) = &sel.phase {
         title.push_str(&format!(", phase {p}"));
     }
     output(out, |w| flamegraph::svg(&lines, &title, w))
 }
 
-fn export_cmd(sel: &Select, format: ExportFormat, of: flamegraph::Of, out: Option<&Path>) -> Result<(), String> {
+fn export_cmd(
+    sel: &Select,
+    format: ExportFormat,
+    (of, level): (flamegraph::Of, flamegraph::Level),
+    out: Option<&Path>,
+) -> Result<(), String> {
     let path = one_trace(&sel.trace, sel.pid)?;
     let f = filter(sel.device, sel.phase.clone());
     match format {
@@ -154,15 +166,16 @@ fn export_cmd(sel: &Select, format: ExportFormat, of: flamegraph::Of, out: Optio
             output(out, |w| w.write_all(&buf))
         }
         ExportFormat::Perfetto => {
-            let t = load(&path, &f, &mut |_| {})?;
-            let v = export::perfetto::render(&t, sel.device);
+            let mut pools = export::perfetto::PoolCounters::default();
+            let t = load(&path, &f, &mut |s| pools.observe(s))?;
+            let v = export::perfetto::render(&t, sel.device, &pools);
             output(out, |w| serde_json::to_writer(&mut *w, &v).map_err(io::Error::other))
         }
         ExportFormat::Speedscope => {
             let t = load(&path, &f, &mut |_| {})?;
             let mut sym = Symbolizer::new();
             let mut sym = sym.for_trace(&t.modules);
-            let stacks = flamegraph::weighted(&t, &mut sym, of, sel.device);
+            let stacks = flamegraph::weighted(&t, &mut sym, of, sel.device, level);
             let name = format!("gpumemtrace {}", path.file_name().unwrap_or_default().to_string_lossy());
             let v = export::speedscope::render(&stacks, of, &name);
             output(out, |w| serde_json::to_writer(&mut *w, &v).map_err(io::Error::other))
@@ -212,8 +225,8 @@ fn phases_cmd(sel: &Select, json: bool) -> Result<(), String> {
 }
 
 fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: Option<u32>, json: bool) -> ExitCode {
-    if b.max_peak.is_none() && b.max_leaked.is_none() && b.max_failed.is_none() {
-        eprintln!("gpumemtrace check: no budget given (--max-peak, --max-leaked, --max-failed)");
+    if !b.any() {
+        eprintln!("gpumemtrace check: no budget given (--max-peak, --max-leaked, --max-failed, --max-allocated, --max-reserved)");
         return ExitCode::from(2);
     }
     let files = match traces_of(paths, pid) {
@@ -226,7 +239,13 @@ fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: 
     let mut results = Vec::new();
     for p in &files {
         match load(p, &filter(b.device, phase.clone()), &mut |_| {}) {
-            Ok(t) => results.push(check::check(&p.display().to_string(), &t, b)),
+            Ok(t) => match check::check(&p.display().to_string(), &t, b) {
+                Ok(r) => results.push(r),
+                Err(e) => {
+                    eprintln!("gpumemtrace check: {}: {e}", p.display());
+                    return ExitCode::from(2);
+                }
+            },
             Err(e) => {
                 eprintln!("gpumemtrace: {e}");
                 return ExitCode::from(2);

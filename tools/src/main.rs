@@ -88,13 +88,18 @@ Examples:
   gpumemtrace flamegraph app.trace --of peak -o peak.svg       who held memory at the peak
   gpumemtrace flamegraph app.trace --of leaks -o leaks.svg     what was never freed
   gpumemtrace flamegraph app.trace --of allocated --folded > alloc.folded
-      folded stacks (frame;frame;frame bytes) for flamegraph.pl, speedscope, inferno...")]
+      folded stacks (frame;frame;frame bytes) for flamegraph.pl, speedscope, inferno...
+  gpumemtrace flamegraph train.trace --of peak --level segments -o reserved.svg
+      under PyTorch: what its caching allocator reserved from the driver, not the tensors")]
     Flamegraph {
         #[command(flatten)]
         sel: Select,
         /// Which bytes: live at each peak, leaked at the end, or everything allocated
         #[arg(long, value_enum, default_value = "peak")]
         of: report::flamegraph::Of,
+        /// On devices with PyTorch blocks: the blocks (tensors), or what the driver handed out
+        #[arg(long, value_enum, default_value = "blocks")]
+        level: report::flamegraph::Level,
         /// Print folded stacks instead of an SVG
         #[arg(long)]
         folded: bool,
@@ -117,6 +122,9 @@ Examples:
         /// For speedscope: which bytes the profiles weigh
         #[arg(long, value_enum, default_value = "peak")]
         of: report::flamegraph::Of,
+        /// For speedscope, on devices with PyTorch blocks: the blocks (tensors), or the driver level
+        #[arg(long, value_enum, default_value = "blocks")]
+        level: report::flamegraph::Level,
         /// Output file [default: stdout]
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
@@ -124,11 +132,13 @@ Examples:
     /// CI gate: exit 1 when a trace exceeds a memory budget
     ///
     /// Exit status: 0 within every budget, 1 when one is exceeded (each reason printed),
-    /// 2 when a trace cannot be read. Sizes take KiB/MiB/GiB (binary) or KB/MB/GB.
+    /// 2 when a trace cannot be read or a budget cannot be judged (--max-allocated on a trace
+    /// without PyTorch blocks). Sizes take KiB/MiB/GiB (binary) or KB/MB/GB.
     #[command(after_help = "\
 Examples:
   gpumemtrace check app.trace --max-peak 10GiB --max-leaked 0
-  gpumemtrace check traces/ --device 0 --max-peak 70GiB --max-failed 0 --json")]
+  gpumemtrace check traces/ --device 0 --max-peak 70GiB --max-failed 0 --json
+  gpumemtrace check train.trace --max-allocated 40GiB --max-reserved 48GiB   tensors, and PyTorch's cache")]
     Check {
         /// Trace files, or directories of *.trace files
         #[arg(required = true, value_name = "TRACE")]
@@ -142,6 +152,12 @@ Examples:
         /// Most failed allocations allowed
         #[arg(long, value_name = "N")]
         max_failed: Option<u64>,
+        /// Largest allowed peak of live blocks (tensors) of PyTorch's caching allocator per device
+        #[arg(long, value_name = "SIZE", value_parser = report::check::parse_size)]
+        max_allocated: Option<u64>,
+        /// Largest allowed peak of what the caching allocator reserved from the driver per device
+        #[arg(long, value_name = "SIZE", value_parser = report::check::parse_size)]
+        max_reserved: Option<u64>,
         /// Only this device (-1: host memory)
         #[arg(long, value_name = "N", allow_negative_numbers = true)]
         device: Option<i32>,

@@ -1,5 +1,6 @@
 //! `gpumemtrace check`: a CI gate. Compares a trace with budgets (peak GPU memory, bytes
-//! leaked, failed allocations) and says which were exceeded, by how much, and where.
+//! leaked, failed allocations; under a caching allocator, the allocated and reserved peaks)
+//! and says which were exceeded, by how much, and where.
 
 use std::io::{self, IsTerminal, Write};
 
@@ -14,7 +15,17 @@ pub struct Budgets {
     pub max_peak: Option<u64>,
     pub max_leaked: Option<u64>,
     pub max_failed: Option<u64>,
+    /// Peak of live blocks (tensors) per device.
+    pub max_allocated: Option<u64>,
+    /// Peak of segments (what the caching allocator holds from the driver) per device.
+    pub max_reserved: Option<u64>,
     pub device: Option<i32>,
+}
+
+impl Budgets {
+    pub fn any(&self) -> bool {
+        [self.max_peak, self.max_leaked, self.max_failed, self.max_allocated, self.max_reserved].iter().any(Option::is_some)
+    }
 }
 
 /// `10GiB`, `512 MiB`, `1.5G`, `100MB`, `0`: binary units for `K`, `KiB`, `M`, `MiB`...,
@@ -45,7 +56,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 #[derive(Debug, Serialize)]
 pub struct CheckResult {
-    /// `max-peak`, `max-leaked`, `max-failed`.
+    /// `max-peak`, `max-leaked`, `max-failed`, `max-allocated`, `max-reserved`.
     pub check: &'static str,
     pub device: Option<i32>,
     pub limit: u64,
@@ -67,7 +78,9 @@ fn is_memory(kind: MemKind) -> bool {
     !matches!(kind, MemKind::VmmReserved | MemKind::VmmMapped)
 }
 
-pub fn check(path: &str, trace: &Trace, b: &Budgets) -> TraceCheck {
+/// The checks of one trace; an error when a budget cannot be judged on it (a block-level
+/// budget on a trace without blocks: passing it silently would gate nothing).
+pub fn check(path: &str, trace: &Trace, b: &Budgets) -> Result<TraceCheck, String> {
     let mut checks = Vec::new();
     let wanted = |d: i32| b.device.is_none_or(|w| w == d);
     if let Some(limit) = b.max_peak {
@@ -142,7 +155,44 @@ pub fn check(path: &str, trace: &Trace, b: &Budgets) -> TraceCheck {
         };
         checks.push(CheckResult { check: "max-failed", device: b.device, limit, actual: n, ok, message });
     }
-    TraceCheck { path: path.to_string(), ok: checks.iter().all(|c| c.ok), checks }
+    for (check, limit) in [("max-allocated", b.max_allocated), ("max-reserved", b.max_reserved)] {
+        if let Some(limit) = limit {
+            pool_budget(trace, check, limit, b.device, &mut checks)?;
+        }
+    }
+    Ok(TraceCheck { path: path.to_string(), ok: checks.iter().all(|c| c.ok), checks })
+}
+
+/// `--max-allocated` / `--max-reserved`: the pool's peaks of each device with blocks.
+fn pool_budget(trace: &Trace, check: &'static str, limit: u64, device: Option<i32>, out: &mut Vec<CheckResult>) -> Result<(), String> {
+    let pools: Vec<_> = trace.pools.iter().filter(|(d, _)| device.is_none_or(|w| w == **d)).collect();
+    if pools.is_empty() {
+        let place = device.map_or("in this trace".to_string(), |d| format!("on device {d}"));
+        return Err(format!(
+            "--{check} needs blocks of PyTorch's caching allocator, and there are none {place} \
+             (the program did not allocate through it, or its blocks were not traced); --max-peak gates driver allocations"
+        ));
+    }
+    for (&d, p) in pools {
+        let (what, actual, at) = match check {
+            "max-allocated" => ("allocated peak (blocks)", p.peak_allocated, p.peak_allocated_time_ns),
+            _ => ("reserved peak (segments)", p.peak_reserved, p.peak_reserved_time_ns),
+        };
+        let ok = actual <= limit;
+        let message = if ok {
+            format!("device {d}: {what} {} within {}", size(actual), size(limit))
+        } else {
+            format!(
+                "device {d}: {what} {} exceeds --{check} {} by {} (reached at {})",
+                size(actual),
+                size(limit),
+                size(actual - limit),
+                seconds(at)
+            )
+        };
+        out.push(CheckResult { check, device: Some(d), limit, actual, ok, message });
+    }
+    Ok(())
 }
 
 /// Prints the results; colour only when `out` is the terminal and NO_COLOR is unset.

@@ -1,6 +1,8 @@
 //! `gpumemtrace diff A B`: what changed between two runs: peak and live-at-end GPU memory
-//! per device, failed allocations, and per call site the bytes allocated, held at the peak
-//! and leaked, sorted by the size of the change.
+//! per device (and, under PyTorch's caching allocator, its allocated and reserved peaks),
+//! failed allocations, and per call site the bytes allocated, held at the peak and leaked,
+//! sorted by the size of the change. Blocks are a group of their own, so tensors are compared
+//! by the Python line (or function) that made them.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
@@ -30,6 +32,29 @@ pub struct DeviceDiff {
     pub device: i32,
     pub peak_bytes: Change,
     pub live_bytes: Change,
+    /// When either run had blocks on the device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolDiff>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PoolDiff {
+    /// Peak of live blocks (tensors).
+    pub allocated_peak_bytes: Change,
+    /// Peak of segments (what the allocator held from the driver).
+    pub reserved_peak_bytes: Change,
+}
+
+fn pool_diff(a: &Trace, b: &Trace, device: i32) -> Option<PoolDiff> {
+    let (x, y) = (a.pools.get(&device), b.pools.get(&device));
+    if x.is_none() && y.is_none() {
+        return None;
+    }
+    let (x, y) = (x.cloned().unwrap_or_default(), y.cloned().unwrap_or_default());
+    Some(PoolDiff {
+        allocated_peak_bytes: Change::new(x.peak_allocated, y.peak_allocated),
+        reserved_peak_bytes: Change::new(x.peak_reserved, y.peak_reserved),
+    })
 }
 
 #[derive(Debug, Serialize)]
@@ -121,6 +146,7 @@ pub fn diff(pa: &str, a: &Trace, pb: &str, b: &Trace, device: Option<i32>) -> Di
                 device: d,
                 peak_bytes: Change::new(x.peak_bytes, y.peak_bytes),
                 live_bytes: Change::new(x.live_bytes, y.live_bytes),
+                pool: pool_diff(a, b, d),
             }
         })
         .collect();
@@ -176,6 +202,19 @@ pub fn render(d: &mut Diff, top: Option<usize>, json: bool, out: &mut dyn Write)
             size(dev.live_bytes.b),
             signed(dev.live_bytes.delta)
         )?;
+        if let Some(p) = &dev.pool {
+            let (al, re) = (&p.allocated_peak_bytes, &p.reserved_peak_bytes);
+            writeln!(
+                out,
+                "  caching allocator: allocated peak (blocks) {} -> {} ({}), reserved peak (segments) {} -> {} ({})",
+                size(al.a),
+                size(al.b),
+                signed(al.delta),
+                size(re.a),
+                size(re.b),
+                signed(re.delta)
+            )?;
+        }
     }
     writeln!(out, "failed allocations: {} -> {}", d.failures.a, d.failures.b)?;
     let top = top.unwrap_or(10);

@@ -2,11 +2,15 @@
 //! (`frame;frame;frame bytes`, outermost first) for other tools.
 //!
 //! The root of each stack is its device and memory kind; the leaf is the call site (frames
-//! inside CUDA's libraries and the tracer are left out).
+//! inside CUDA's libraries and the tracer are left out). On a device with blocks (PyTorch's
+//! caching allocator), one level at a time: its blocks (tensors, by default: what the program
+//! asked for) or what the driver handed out (segments and direct allocations); the same bytes
+//! counted at both levels would make one picture of two.
 
 use std::io::{self, Write};
 
 use clap::ValueEnum;
+use gpumemtrace_format::MemKind;
 
 use crate::model::{GroupKey, StackUse, Trace};
 use crate::symbolize::{Frame, TraceSymbolizer};
@@ -33,6 +37,29 @@ impl Of {
     }
 }
 
+/// Which level of a device with blocks to show.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Level {
+    /// Blocks (tensors) of PyTorch's caching allocator
+    #[default]
+    Blocks,
+    /// What the driver handed out: the allocator's segments, direct allocations, host memory
+    Segments,
+}
+
+/// Whether `key`'s group is drawn at `level`. Without blocks there is one level: all of it.
+/// Memory of no device (pinned host memory, address reservations) is driver level.
+pub fn shown(trace: &Trace, key: &GroupKey, level: Level) -> bool {
+    if trace.pools.is_empty() {
+        return true;
+    }
+    let block = key.kind == MemKind::Block;
+    match level {
+        Level::Blocks => block || (key.device >= 0 && !trace.pools.contains_key(&key.device)),
+        Level::Segments => !block,
+    }
+}
+
 /// A stack, outermost frame first, ending at the call site; and the bytes and allocations it
 /// accounts for.
 #[allow(dead_code)]
@@ -43,16 +70,18 @@ pub struct Weighted {
     pub count: u64,
 }
 
-/// The stacks of `of` per group (only `device`'s when given), largest first within a group.
+/// The stacks of `of` per group shown at `level` (only `device`'s when given), largest first
+/// within a group.
 pub fn weighted(
     trace: &Trace,
     sym: &mut TraceSymbolizer,
     of: Of,
     device: Option<i32>,
+    level: Level,
 ) -> Vec<Weighted> {
     let mut out = Vec::new();
     for (key, g) in &trace.groups {
-        if device.is_some_and(|d| d != key.device) {
+        if device.is_some_and(|d| d != key.device) || !shown(trace, key, level) {
             continue;
         }
         let uses: &[StackUse] = match of {

@@ -1,17 +1,53 @@
 //! Chrome / Perfetto trace-event JSON (opens in ui.perfetto.dev and chrome://tracing): a
 //! counter track of live bytes per device and memory kind, an instant event per failed
-//! allocation, and phases as complete ("X") events on their threads.
+//! allocation, and phases as complete ("X") events on their threads. On a device with blocks
+//! (PyTorch's caching allocator), two exact tracks instead of the blocks' sampled one:
+//! `allocated` (live blocks) and `reserved` (segments), a point at every change.
 
+use std::collections::BTreeMap;
+
+use gpumemtrace_format::MemKind;
 use serde_json::{json, Value};
 
-use crate::model::Trace;
+use super::pool_steps::StepPools;
+use crate::model::{Step, StepKind, Trace};
 use crate::units::{cuda_result, size};
+
+/// Allocated and reserved bytes per device at each change, `(time ns, bytes)`, collected while
+/// the model replays (pass [`PoolCounters::observe`] as the loader's observer). They are the
+/// model's own pool figures (the same `Pools`), so their peaks and last values are the summary's.
+#[derive(Default)]
+pub struct PoolCounters {
+    steps: StepPools,
+    pub allocated: BTreeMap<i32, Vec<(u64, u64)>>,
+    pub reserved: BTreeMap<i32, Vec<(u64, u64)>>,
+}
+
+impl PoolCounters {
+    pub fn observe(&mut self, s: &Step) {
+        if !matches!(s.kind, StepKind::Alloc | StepKind::Free)
+            || !matches!(s.key.kind, MemKind::Block | MemKind::Device | MemKind::VmmMapped)
+        {
+            return;
+        }
+        self.steps.apply(s);
+        // Only the step's own device changes (a free's key is that of what it freed).
+        let d = s.key.device;
+        let Some(p) = self.steps.pools.by_device.get(&d) else { return };
+        for (series, v) in [(&mut self.allocated, p.allocated), (&mut self.reserved, p.reserved)] {
+            let points = series.entry(d).or_default();
+            if points.last().is_none_or(|&(_, last)| last != v) {
+                points.push((s.time_ns, v));
+            }
+        }
+    }
+}
 
 fn us(ns: u64) -> f64 {
     ns as f64 / 1000.0
 }
 
-pub fn render(trace: &Trace, device: Option<i32>) -> Value {
+pub fn render(trace: &Trace, device: Option<i32>, pools: &PoolCounters) -> Value {
     let pid = trace.process.as_ref().map_or(0, |p| p.pid);
     let exe = trace.process.as_ref().map_or("?", |p| p.exe.as_str());
     let mut ev = vec![json!({
@@ -19,7 +55,7 @@ pub fn render(trace: &Trace, device: Option<i32>) -> Value {
         "args": { "name": format!("{exe} (pid {pid})") }
     })];
     for (key, series) in &trace.ext.series {
-        if device.is_some_and(|d| d != key.device) {
+        if device.is_some_and(|d| d != key.device) || (key.kind == MemKind::Block && pools.allocated.contains_key(&key.device)) {
             continue;
         }
         let name = format!("device {} {} memory (bytes)", key.device, key.kind.name());
@@ -28,6 +64,15 @@ pub fn render(trace: &Trace, device: Option<i32>) -> Value {
             if last != hi {
                 let t2 = t + series.bucket_ns / 2;
                 ev.push(json!({"name": name, "ph": "C", "ts": us(t2), "pid": pid, "tid": 0, "args": {"live": last}}));
+            }
+        }
+    }
+    let exact = [("allocated", "blocks", &pools.allocated), ("reserved", "segments", &pools.reserved)];
+    for (arg, what, series) in exact {
+        for (d, points) in series.iter().filter(|(d, _)| device.is_none_or(|w| w == **d)) {
+            let name = format!("device {d} {arg} ({what}, bytes)");
+            for &(t, v) in points {
+                ev.push(json!({"name": name, "ph": "C", "ts": us(t), "pid": pid, "tid": 0, "args": {arg: v}}));
             }
         }
     }
