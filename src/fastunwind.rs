@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
 use std::sync::Mutex;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
-use framehop::{ExplicitModuleSectionInfo, Module, Unwinder};
+use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 
 /// A byte range of a mapped object image.
 #[derive(Clone, Copy)]
@@ -84,17 +84,51 @@ thread_local! {
     static STACK: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
     /// ...for the snapshot (by address) they were found missing from: a new snapshot may know them.
     static NOWHERE_SEEN: Cell<([u64; NOWHERE], usize)> = const { Cell::new(([0; NOWHERE], 0)) };
-    static CACHE: RefCell<Option<Box<CacheX86_64>>> = const { RefCell::new(None) };
+    static THREAD: RefCell<Option<Box<PerThread>>> = const { RefCell::new(None) };
 }
 
 /// Why the fast path gave no answer; the caller uses the `backtrace` crate instead.
 #[derive(Debug)]
 pub struct Unavailable;
 
+/// What a thread's previous capture saw, to skip re-unwinding the part of the stack that has not
+/// changed. Unwinding from a frame is a pure function of its (address, sp, bp), the unwind rules
+/// (the snapshot) and the stack words the unwinder reads: so when a frame of the new walk has the
+/// same (address, sp, bp) as a frame of the previous one, and every word read from there on
+/// still holds the value read then, the rest of the walk is the previous one's, frame for frame.
+/// Consecutive allocations from one place share almost their whole stack, so a warm capture
+/// reads a few words per frame instead of evaluating its rule.
+#[derive(Default)]
+struct Memo {
+    /// The snapshot the walk used (its rules and its judgement of known code).
+    snap: usize,
+    frames: Vec<Walked>,
+    /// Stack words read, in order: frame `i` read `reads[frames[i].reads..frames[i + 1].reads]`.
+    reads: Vec<(u64, u64)>,
+    /// The walk stopped at the frame limit (and could go on from its last frame).
+    at_max: bool,
+}
+
+#[derive(Clone, Copy)]
+struct Walked {
+    addr: FrameAddress,
+    sp: u64,
+    bp: u64,
+    /// Start of the words read to unwind this frame.
+    reads: u32,
+}
+
+struct PerThread {
+    cache: CacheX86_64,
+    memo: Memo,
+    next: Memo,
+}
+
 /// Return addresses of the current call stack, innermost first, starting at the first frame
-/// outside `skip` (the tracer's own segments), at most `max`.
+/// outside `skip` (the tracer's own segments), at most `max`. `Ok(true)` when the frames are
+/// exactly those of this thread's previous capture.
 #[inline(never)]
-pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)]) -> Result<(), Unavailable> {
+pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)]) -> Result<bool, Unavailable> {
     let (pc, sp, bp) = registers();
     let (lo, hi) = stack_bounds().ok_or(Unavailable)?;
     if sp < lo || sp >= hi {
@@ -102,59 +136,156 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)]) -> Result
     }
     let mut snap = snapshot()?;
     let mut rebuilt = false;
-    CACHE
+    THREAD
         .try_with(|c| {
             let mut c = c.try_borrow_mut().map_err(|_| Unavailable)?;
-            let cache = c.get_or_insert_with(|| Box::new(CacheX86_64::new()));
+            let t = c.get_or_insert_with(|| {
+                Box::new(PerThread { cache: CacheX86_64::new(), memo: Memo::default(), next: Memo::default() })
+            });
+            let PerThread { cache, memo, next } = &mut **t;
             'again: loop {
                 frames.clear();
-                let mut read = |a: u64| -> Result<u64, ()> {
-                    if a < lo || a > hi.saturating_sub(8) {
-                        return Err(());
-                    }
-                    // SAFETY: `a..a+8` lies within this thread's mapped stack.
-                    Ok(unsafe { (a as *const u64).read_unaligned() })
-                };
-                let regs = UnwindRegsX86_64::new(pc, sp, bp);
-                let mut it = snap.unwinder.iter_frames(pc, regs, &mut **cache, &mut read);
+                next.frames.clear();
+                next.reads.clear();
+                next.at_max = false;
+                next.snap = snap as *const Snapshot as usize;
+                let mut memo_ok = memo.snap == next.snap;
+                let in_stack = |a: u64| a >= lo && a <= hi.saturating_sub(8);
+                let mut regs = UnwindRegsX86_64::new(pc, sp, bp);
+                let mut addr = FrameAddress::InstructionPointer(pc);
                 let mut in_tracer = true;
+                let mut same_as_memo = memo_ok;
                 // Neighbouring frames are mostly in the same object: check its range first.
                 let mut last = (0u64, 0u64);
                 loop {
-                    let addr = match it.next() {
-                        Ok(Some(f)) => f.address(),
-                        Ok(None) | Err(_) => break,
-                    };
-                    let known = (addr >= last.0 && addr < last.1) || match snap.code_range(addr) {
+                    let k = next.frames.len();
+                    // The rest of the walk may be the previous one's.
+                    if memo_ok {
+                        if let Some(j) = memo.find(addr, regs.sp(), regs.bp()) {
+                            let from = memo.frames[j].reads as usize;
+                            let valid = memo.reads[from..].iter().all(|&(a, v)| {
+                                // SAFETY: `a..a+8` lies within this thread's mapped stack.
+                                in_stack(a) && unsafe { (a as *const u64).read_unaligned() } == v
+                            });
+                            if valid && same_as_memo && j == k && !memo.at_max {
+                                // The whole walk is the previous one: keep it as the memo.
+                                frames.extend(memo.frames[j..].iter().map(|w| w.addr.address()).filter(|&a| {
+                                    let ours = in_tracer && skip.iter().any(|&(s, e)| a >= s && a < e);
+                                    in_tracer &= ours;
+                                    !ours
+                                }));
+                                frames.truncate(max);
+                                return Ok(true);
+                            }
+                            if valid {
+                                memo_ok = false; // one hit per walk: it covers the rest
+                                same_as_memo &= j == k;
+                                let base = next.reads.len() as u32;
+                                next.reads.extend_from_slice(&memo.reads[from..]);
+                                for w in &memo.frames[j..] {
+                                    next.frames.push(Walked { reads: w.reads - from as u32 + base, ..*w });
+                                    let a = w.addr.address();
+                                    if in_tracer && skip.iter().any(|&(s, e)| a >= s && a < e) {
+                                        continue;
+                                    }
+                                    in_tracer = false;
+                                    frames.push(a);
+                                }
+                                next.at_max = memo.at_max;
+                                if frames.len() >= max {
+                                    // Deeper than the previous walk: its end is not this one's.
+                                    let excess = frames.len() - max;
+                                    frames.truncate(max);
+                                    next.frames.truncate(next.frames.len() - excess);
+                                    let keep = next.frames.last().map_or(0, |w| w.reads as usize);
+                                    next.reads.truncate(keep);
+                                    next.at_max = true;
+                                    break;
+                                }
+                                if !memo.at_max {
+                                    break; // the previous walk reached the stack's end (or unknown code) here too
+                                }
+                                // The previous walk stopped at its limit: go on from its last frame.
+                                same_as_memo = false;
+                                let w = *next.frames.last().ok_or(Unavailable)?;
+                                next.frames.pop();
+                                frames.pop();
+                                next.reads.truncate(w.reads as usize);
+                                addr = w.addr;
+                                regs = UnwindRegsX86_64::new(w.addr.address(), w.sp, w.bp);
+                                // Fall through and walk on from that frame.
+                            }
+                        }
+                    }
+                    let a = addr.address();
+                    let known = (a >= last.0 && a < last.1) || match snap.code_range(a) {
                         Some(r) => {
                             last = r;
                             true
                         }
                         None => false,
                     };
-                    if !known && !nowhere(snap, addr) {
+                    if !known && !nowhere(snap, a) {
                         if !rebuilt && loader_changed(snap) {
                             // A library loaded since the snapshot: re-read the objects, start over.
                             rebuilt = true;
                             snap = rebuild()?;
                             continue 'again;
                         }
-                        remember_nowhere(snap, addr);
+                        remember_nowhere(snap, a);
                     }
-                    if in_tracer && skip.iter().any(|&(s, e)| addr >= s && addr < e) {
-                        continue;
+                    // Unchanged so far only if this frame is the previous walk's at the same depth.
+                    same_as_memo &= memo.frames.get(k).is_some_and(|w| w.addr == addr);
+                    next.frames.push(Walked { addr, sp: regs.sp(), bp: regs.bp(), reads: next.reads.len() as u32 });
+                    if !(in_tracer && skip.iter().any(|&(s, e)| a >= s && a < e)) {
+                        in_tracer = false;
+                        frames.push(a);
                     }
-                    in_tracer = false;
-                    frames.push(addr);
                     // libgcc too reports a frame without unwind info, then stops there.
-                    if !known || frames.len() >= max {
+                    if !known {
                         break;
                     }
+                    if frames.len() >= max {
+                        next.at_max = true;
+                        break;
+                    }
+                    let reads = &mut next.reads;
+                    let mut read = |a: u64| -> Result<u64, ()> {
+                        if !in_stack(a) {
+                            return Err(());
+                        }
+                        // SAFETY: `a..a+8` lies within this thread's mapped stack.
+                        let v = unsafe { (a as *const u64).read_unaligned() };
+                        reads.push((a, v));
+                        Ok(v)
+                    };
+                    match snap.unwinder.unwind_frame(addr, &mut regs, cache, &mut read) {
+                        Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
+                            Some(f) => addr = f,
+                            None => break,
+                        },
+                        Ok(None) | Err(_) => break,
+                    }
                 }
-                return Ok(());
+                std::mem::swap(memo, next);
+                return Ok(same_as_memo);
             }
         })
         .map_err(|_| Unavailable)?
+}
+
+impl Memo {
+    /// The frame of this walk at the same (address, sp, bp), if any: sps grow outwards.
+    fn find(&self, addr: FrameAddress, sp: u64, bp: u64) -> Option<usize> {
+        let mut i = self.frames.partition_point(|w| w.sp < sp);
+        while let Some(w) = self.frames.get(i).filter(|w| w.sp == sp) {
+            if w.addr == addr && w.bp == bp {
+                return Some(i);
+            }
+            i += 1;
+        }
+        None
+    }
 }
 
 fn nowhere(snap: &Snapshot, addr: u64) -> bool {

@@ -147,24 +147,15 @@ fn record(id: Id, result: Status, f: Fields, seq: u64, time: u64) {
         None => resolve::current_device(),
     };
     // Python frames first: cheap, and they name the code objects the writer must describe.
-    let py = crate::python::capture(time);
-    let known: Vec<(u64, u64)> =
-        py.as_ref().map(|p| p.new_codes.iter().map(|c| (c.code, c.sig)).collect()).unwrap_or_default();
     // Like native stacks, a Python stack crosses the channel once per thread; after that its key
     // alone (no allocation here, none freed on the writer's thread).
-    let py_tstate = py.as_ref().is_some_and(|p| p.has_tstate);
-    let flags = if py.as_ref().is_some_and(|p| !p.frames.is_empty()) { event_flags::PYTHON } else { 0 };
-    let (py, py_key) = match py {
-        None => (None, 0),
-        Some(p) => {
-            let key = crate::python::stack_key(&p.frames);
-            if key != 0 && p.new_codes.is_empty() && py_stack_sent(key) {
-                (None, key)
-            } else {
-                (Some(Box::new(p)), key)
-            }
-        }
-    };
+    let py = crate::python::capture(time, py_stack_sent);
+    let (py_key, py_tstate) = py.as_ref().map_or((0, false), |k| (k.key, k.has_tstate));
+    let flags = if py_key != 0 { event_flags::PYTHON } else { 0 };
+    let py = py.and_then(|k| k.full);
+    let known: Vec<(u64, u64)> =
+        py.as_ref().map(|p| p.new_codes.iter().map(|c| (c.code, c.sig)).collect()).unwrap_or_default();
+    let py = py.map(Box::new);
     let event = tracer::RawEvent {
         seq,
         api: id as u32,

@@ -76,8 +76,6 @@ pub struct CodeInfo {
 /// A thread's Python stack at one event.
 #[derive(Debug, Default)]
 pub struct PyCapture {
-    /// The thread had a Python thread state.
-    pub has_tstate: bool,
     /// Innermost first.
     pub frames: Vec<RawPyFrame>,
     /// Code objects the process had not reported yet.
@@ -411,8 +409,26 @@ unsafe fn read<T: Copy>(addr: u64) -> T {
     unsafe { std::ptr::read_unaligned(addr as *const T) }
 }
 
+/// The calling thread's Python stack as the hot path hands it on.
+pub struct Keyed {
+    /// [`stack_key`] of the frames (0: none).
+    pub key: u64,
+    pub has_tstate: bool,
+    /// The frames and new code objects, when the writer must be told them: code objects it has
+    /// not seen, or a stack `sent` says this thread has not sent; else `None` (no allocation).
+    pub full: Option<PyCapture>,
+}
+
+thread_local! {
+    /// The thread's previous stack and its key: an unchanged stack is neither looked up in the
+    /// code cache nor hashed again, and its frames need no allocation.
+    static PREV: std::cell::RefCell<(Vec<RawPyFrame>, u64, Vec<RawPyFrame>)> =
+        const { std::cell::RefCell::new((Vec::new(), 0, Vec::new())) };
+}
+
 /// The calling thread's Python stack, or `None` when no supported interpreter is running.
-pub fn capture(now_ns: u64) -> Option<PyCapture> {
+/// `sent(key)` says whether this thread already sent the stack `key` to the writer.
+pub fn capture(now_ns: u64, sent: impl FnOnce(u64) -> bool) -> Option<Keyed> {
     if !ENABLED.load(Relaxed) {
         return None;
     }
@@ -424,13 +440,43 @@ pub fn capture(now_ns: u64) -> Option<PyCapture> {
     }
     // SAFETY: PyGILState_GetThisThreadState reads thread-specific storage; no GIL needed.
     let tstate = unsafe { (interp.get_tstate)() } as u64;
-    let mut out = PyCapture { has_tstate: tstate != 0, frames: Vec::with_capacity(32), new_codes: Vec::new() };
-    if plausible(tstate, 8) {
-        // SAFETY: `tstate` is this thread's live PyThreadState; the frames it leads to belong to
-        // this thread, which is inside our hook, so none of them is popped or freed meanwhile.
-        unsafe { walk(interp, tstate, &mut out) };
+    let r = PREV.try_with(|prev| {
+        let Ok(mut prev) = prev.try_borrow_mut() else { return None };
+        let (prev_frames, prev_key, scratch) = &mut *prev;
+        scratch.clear();
+        let mut out = PyCapture { frames: std::mem::take(scratch), new_codes: Vec::new() };
+        if plausible(tstate, 8) {
+            // SAFETY: as below.
+            unsafe { walk(interp, tstate, &mut out, prev_frames) };
+        }
+        let key = if out.frames == *prev_frames && *prev_key != 0 { *prev_key } else { stack_key(&out.frames) };
+        let need = !out.new_codes.is_empty() || (key != 0 && !sent(key));
+        *prev_key = key;
+        // The frames become the previous stack; the old previous buffer is the next scratch.
+        let full = if need {
+            prev_frames.clone_from(&out.frames);
+            *scratch = Vec::new();
+            Some(out)
+        } else {
+            *scratch = std::mem::replace(prev_frames, out.frames);
+            None
+        };
+        Some(Keyed { key, has_tstate: tstate != 0, full })
+    });
+    match r {
+        Ok(Some(k)) => Some(k),
+        // Thread teardown or reentry: the whole capture, sent with its frames.
+        _ => {
+            let mut out = PyCapture { frames: Vec::new(), new_codes: Vec::new() };
+            if plausible(tstate, 8) {
+                // SAFETY: `tstate` is this thread's live PyThreadState; the frames it leads to
+                // belong to this thread, which is inside our hook, so none of them is popped or
+                // freed meanwhile.
+                unsafe { walk(interp, tstate, &mut out, &[]) };
+            }
+            Some(Keyed { key: stack_key(&out.frames), has_tstate: tstate != 0, full: Some(out) })
+        }
     }
-    Some(out)
 }
 
 /// Whether the calling thread is running Python code (has a current frame), at the cost of a
@@ -466,9 +512,12 @@ pub fn has_frames() -> bool {
     plausible(frame, 8)
 }
 
+/// Walks the frames into `out`. A frame equal to the one at the same depth of `prev` (this
+/// thread's previous stack) needs no code-cache lookup: its code object was described then.
+///
 /// # Safety
 /// `tstate` must be the calling thread's thread state of the detected interpreter.
-unsafe fn walk(interp: &Interp, tstate: u64, out: &mut PyCapture) {
+unsafe fn walk(interp: &Interp, tstate: u64, out: &mut PyCapture, prev: &[RawPyFrame]) {
     let l = &interp.layout;
     // SAFETY (whole function): every address read is a field of an object reached from the
     // thread state through pointers checked by `plausible`, at offsets of this version's
@@ -523,10 +572,12 @@ unsafe fn walk(interp: &Interp, tstate: u64, out: &mut PyCapture) {
                 }
             }
             let sig = unsafe { signature(l, code) };
-            if !cache_has(code, sig) && !out.new_codes.iter().any(|c| c.code == code && c.sig == sig) {
+            let f = RawPyFrame { code, sig, instr, flags };
+            let seen = prev.get(out.frames.len()).is_some_and(|p| p.code == code && p.sig == sig);
+            if !seen && !cache_has(code, sig) && !out.new_codes.iter().any(|c| c.code == code && c.sig == sig) {
                 out.new_codes.push(unsafe { code_info(interp, code, sig) });
             }
-            out.frames.push(RawPyFrame { code, sig, instr, flags });
+            out.frames.push(f);
         }
         frame = previous;
     }

@@ -51,6 +51,8 @@ const SEEN: usize = 1024;
 
 struct PerThread {
     scratch: Vec<u64>,
+    /// Key of the previous capture: an unchanged stack is not hashed again.
+    last_key: u64,
     seen: Box<[u64; SEEN]>,
     /// The tracer start (`tracer::epoch`) the set belongs to: a forked child's new writer knows
     /// none of the parent's keys.
@@ -69,13 +71,14 @@ pub fn capture(max: usize) -> Stack {
     let epoch = crate::tracer::epoch();
     let r = PER_THREAD.try_with(|p| {
         let Ok(mut p) = p.try_borrow_mut() else { return None };
-        let p = p.get_or_insert_with(|| PerThread { scratch: Vec::with_capacity(max), seen: Box::new([0; SEEN]), epoch });
+        let p = p.get_or_insert_with(|| PerThread { scratch: Vec::with_capacity(max), last_key: 0, seen: Box::new([0; SEEN]), epoch });
         if p.epoch != epoch {
             p.seen.fill(0);
             p.epoch = epoch;
         }
-        capture_into(&mut p.scratch, max);
-        let key = hash(&p.scratch);
+        let same = capture_into(&mut p.scratch, max);
+        let key = if same && p.last_key != 0 { p.last_key } else { hash(&p.scratch) };
+        p.last_key = key;
         if key == 0 {
             return Some(Stack { key, frames: Vec::new() });
         }
@@ -128,13 +131,14 @@ pub fn hash_words(n: usize, words: impl IntoIterator<Item = u64>) -> u64 {
 /// a process where this happens often pays libgcc's price per event.
 pub static FALLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-fn capture_into(frames: &mut Vec<u64>, max: usize) {
+/// Fills `frames`; true when they are exactly those of this thread's previous capture.
+fn capture_into(frames: &mut Vec<u64>, max: usize) -> bool {
     frames.clear();
     let ours = ours();
     #[cfg(target_arch = "x86_64")]
     if use_fast() {
-        if crate::fastunwind::capture(frames, max, ours).is_ok() {
-            return;
+        if let Ok(same) = crate::fastunwind::capture(frames, max, ours) {
+            return same;
         }
         FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
@@ -157,4 +161,5 @@ fn capture_into(frames: &mut Vec<u64>, max: usize) {
             frames.len() < max
         });
     }
+    false
 }
