@@ -55,7 +55,8 @@ pub fn run(path: &Path, out: &mut impl Write) -> io::Result<bool> {
                         "op": if op == Op::Alloc { "alloc" } else { "free" },
                         "tid": e.tid, "device": e.device, "addr": e.addr, "size": e.size,
                         "stream": e.stream, "extra": e.extra, "result": e.result, "stack": e.stack,
-                        "pystack": e.pystack}})
+                        "pystack": e.pystack, "flags": e.flags,
+                        "total_allocated": e.total_allocated, "total_reserved": e.total_reserved}})
                 }
                 Record::Notice(n) => json!({"notice": n}),
                 Record::Stats(s) => json!({"stats": {"events": s.events, "dropped": s.dropped, "final": s.final_}}),
