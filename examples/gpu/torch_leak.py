@@ -38,8 +38,8 @@ torch.cuda.synchronize()
 snap = torch.cuda.memory._snapshot()
 lines = {}
 for i, text in enumerate(open(__file__), 1):
-    if "# LINE " in text:
-        lines[text.split("# LINE ")[1].split(":")[0].strip()] = i
+    if "# LINE " in text and "split" not in text:
+        lines[text.split("# LINE ")[1].split(":")[0].strip()] = i  # noqa
 truth = {
     "allocated": torch.cuda.memory_allocated(),
     "max_allocated": torch.cuda.max_memory_allocated(),

@@ -19,15 +19,18 @@ struct Trend {
     mins: Vec<u64>,
 }
 
-pub struct Growth {
+/// One group's windows. They start at the group's first event: a Python program may spend
+/// seconds importing before its first allocation, and a training loop can take a fraction of
+/// the run; windows over the whole run would put every step into one.
+struct GroupTrends {
+    start_ns: u64,
     window_ns: u64,
-    trends: FxHashMap<(GroupKey, u32), Trend>,
+    trends: FxHashMap<u32, Trend>,
 }
 
-impl Default for Growth {
-    fn default() -> Self {
-        Growth { window_ns: FIRST_WINDOW_NS, trends: FxHashMap::default() }
-    }
+#[derive(Default)]
+pub struct Growth {
+    groups: FxHashMap<GroupKey, GroupTrends>,
 }
 
 /// A stack whose live bytes rose: its minimum per window.
@@ -38,14 +41,19 @@ pub struct StackTrend {
 }
 
 impl Growth {
-    /// `stack`'s live bytes in group `key` changed by `delta` at `t`.
+    /// `stack`'s live bytes in group `key` rose (`alloc`) or fell by `bytes` at `t`.
     pub fn change(&mut self, key: GroupKey, stack: u32, t: u64, alloc: bool, bytes: u64) {
-        let mut w = (t / self.window_ns) as usize;
+        let g = self
+            .groups
+            .entry(key)
+            .or_insert_with(|| GroupTrends { start_ns: t, window_ns: FIRST_WINDOW_NS, trends: FxHashMap::default() });
+        let rel = t.saturating_sub(g.start_ns);
+        let mut w = (rel / g.window_ns) as usize;
         while w >= WINDOWS {
-            self.merge();
-            w = (t / self.window_ns) as usize;
+            g.merge();
+            w = (rel / g.window_ns) as usize;
         }
-        let tr = self.trends.entry((key, stack)).or_default();
+        let tr = g.trends.entry(stack).or_default();
         let before = tr.live;
         tr.live = if alloc { before + bytes } else { before.saturating_sub(bytes) };
         if tr.mins.len() <= w {
@@ -54,36 +62,41 @@ impl Growth {
         tr.mins[w] = tr.mins[w].min(tr.live);
     }
 
-    fn merge(&mut self) {
-        self.window_ns *= 2;
-        for tr in self.trends.values_mut() {
-            let merged: Vec<u64> = tr.mins.chunks(2).map(|c| c.iter().copied().min().unwrap_or(0)).collect();
-            tr.mins = merged;
-        }
-    }
-
     /// Stacks of each group whose minimum rose from the first window to the last one before
     /// `end_ns` (a Python program's end, where the interpreter's shutdown frees everything; or
     /// the end of the trace), with their per-window minimums over those windows.
     pub fn finish(self, end_ns: u64) -> FxHashMap<GroupKey, Vec<StackTrend>> {
-        // The window holding `end_ns` is cut short (and, at a Python exit, includes the
-        // shutdown's frees): only whole windows before it count, unless that is all there is.
-        let n = ((end_ns / self.window_ns) as usize).clamp(1, WINDOWS);
         let mut out: FxHashMap<GroupKey, Vec<StackTrend>> = FxHashMap::default();
-        for ((key, stack), mut tr) in self.trends {
-            if tr.mins.len() < n {
-                let live = tr.live;
-                tr.mins.resize(n, live);
+        for (key, g) in self.groups {
+            // The window holding `end_ns` is cut short (and, at a Python exit, includes the
+            // shutdown's frees): only whole windows before it count, unless that is all there is.
+            let n = ((end_ns.saturating_sub(g.start_ns) / g.window_ns) as usize).clamp(1, WINDOWS);
+            let mut v = Vec::new();
+            for (stack, mut tr) in g.trends {
+                if tr.mins.len() < n {
+                    let live = tr.live;
+                    tr.mins.resize(n, live);
+                }
+                tr.mins.truncate(n);
+                if tr.mins.last() > tr.mins.first() {
+                    v.push(StackTrend { stack, mins: tr.mins });
+                }
             }
-            tr.mins.truncate(n);
-            if tr.mins.last() > tr.mins.first() {
-                out.entry(key).or_default().push(StackTrend { stack, mins: tr.mins });
+            if !v.is_empty() {
+                v.sort_by_key(|s| s.stack);
+                out.insert(key, v);
             }
-        }
-        for v in out.values_mut() {
-            v.sort_by_key(|s| s.stack);
         }
         out
+    }
+}
+
+impl GroupTrends {
+    fn merge(&mut self) {
+        self.window_ns *= 2;
+        for tr in self.trends.values_mut() {
+            tr.mins = tr.mins.chunks(2).map(|c| c.iter().copied().min().unwrap_or(0)).collect();
+        }
     }
 }
 
@@ -106,15 +119,16 @@ mod tests {
     #[test]
     fn a_stack_gaining_bytes_every_step_grows_temporaries_and_weights_do_not() {
         let mut g = Growth::default();
-        let step = 1_000_000; // 1 ms per step, 20 steps
-        g.change(KEY, 1, 0, true, 100); // weights, once
+        let step = 1_000_000; // 1 ms per step, 20 steps, after 5 s of start-up
+        let t0 = 5_000_000_000;
+        g.change(KEY, 1, t0, true, 100); // weights, once
         for s in 0..20u64 {
-            let t = s * step + 10;
+            let t = t0 + s * step + 10;
             g.change(KEY, 2, t, true, 50); // a temporary
             g.change(KEY, 3, t + 1, true, 8); // kept: the leak
             g.change(KEY, 2, t + 2, false, 50);
         }
-        let out = g.finish(20 * step);
+        let out = g.finish(t0 + 20 * step);
         let trends = &out[&KEY];
         let stacks: Vec<u32> = trends.iter().map(|t| t.stack).collect();
         assert_eq!(stacks, [1, 3], "only stacks that ended above their start are candidates");

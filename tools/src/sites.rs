@@ -39,9 +39,13 @@ pub fn op_name(frames: &[Frame]) -> Option<String> {
             }
         }
         if node.is_none() {
+            // `...::generated::MmBackward0::apply(...)`, `...::generated::ReluBackward0_apply_functional(...)`;
+            // not the helpers in `generated::details::`.
             if let Some(i) = func.find("autograd::generated::") {
                 let rest = &func[i + "autograd::generated::".len()..];
-                if let Some(name) = rest.split("::").next().filter(|n| !n.is_empty()) {
+                let name = rest.split(['(', ':', '<']).next().unwrap_or("");
+                let name = name.strip_suffix("_apply_functional").unwrap_or(name);
+                if !name.is_empty() && name != "details" {
                     node = Some(name.to_string());
                 }
             }
@@ -141,6 +145,10 @@ mod tests {
         assert_eq!(op_name(&stack[..3]).as_deref(), Some("aten::mm"));
         assert_eq!(op_name(&stack[..2]), None, "a factory alone names no op");
         assert_eq!(op_name(&[stack[3].clone()]).as_deref(), Some("MmBackward0"));
+        let relu = f("torch::autograd::generated::ReluBackward0_apply_functional(std::vector<at::Tensor>&&)");
+        assert_eq!(op_name(&[relu]).as_deref(), Some("ReluBackward0"));
+        let helper = f("torch::autograd::generated::details::mm_mat2_backward(at::Tensor const&)");
+        assert_eq!(op_name(&[stack[2].clone(), helper]).as_deref(), Some("aten::mm"));
     }
 
     fn frame(function: Option<&str>, module: &str) -> Frame {
