@@ -4,6 +4,7 @@
   - GPU-bound: a wider MLP, batch 4096 (the GPU's time dominates).
 Prints `loop=NAME us_per_step=X steps=N` for each, timed after warm-up, CUDA-synchronized.
 """
+import sys
 import time
 
 import torch
@@ -37,5 +38,8 @@ def run(name, width, depth, batch, steps):
     print(f"loop={name} us_per_step={us:.1f} steps={steps}", flush=True)
 
 
-run("launch-bound", 256, 6, 8, 600)
-run("gpu-bound", 4096, 6, 8192, 60)
+only = sys.argv[1] if len(sys.argv) > 1 else None  # one loop by name, or both
+if only in (None, "launch-bound"):
+    run("launch-bound", 256, 6, 8, 600)
+if only in (None, "gpu-bound"):
+    run("gpu-bound", 4096, 6, 8192, 60)
