@@ -184,7 +184,7 @@ pub fn growth_sites(trends: &[StackTrend], trace: &Trace, sym: &mut TraceSymboli
             })
         })
         .collect();
-    out.sort_by(|a, b| b.gained_bytes.cmp(&a.gained_bytes));
+    out.sort_by_key(|g| std::cmp::Reverse(g.gained_bytes));
     out
 }
 

@@ -98,10 +98,13 @@ pub fn build(trace: &Trace, sym: &mut TraceSymbolizer, wanted: impl Fn(i32) -> b
     out
 }
 
+/// Prints a list of sites (and how many more were cut), as the summary does.
+pub type RenderSites<'a> = &'a dyn Fn(&[Site], usize, &mut dyn Write) -> io::Result<()>;
+
 /// The pool lines of one device, printed under its blocks.
 pub fn render(
     p: &PoolReport,
-    render_sites: &dyn Fn(&[Site], usize, &mut dyn Write) -> io::Result<()>,
+    render_sites: RenderSites,
     out: &mut dyn Write,
 ) -> io::Result<()> {
     writeln!(
