@@ -185,22 +185,7 @@ fn a_process_that_never_loads_torch_has_no_block_level() {
 }
 
 fn python_run(steps: &str) -> Run {
-    let dir = scratch("torch_python");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/torch_train.py");
-    let child = Command::new("python3")
-        .arg(script)
-        .arg(steps)
-        .current_dir(&dir)
-        .env("LD_PRELOAD", shim())
-        .env("GPUMEMTRACE_OUTPUT", format!("{}/", dir.display()))
-        .env("EMUCUDA_DEVICES", "1")
-        .env("EMU_TORCH_LIB", emu().join("libtorch_cuda.so"))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let pid = child.id();
-    finish(child.wait_with_output().unwrap(), dir, pid)
+    run_torch_python("torch_python", steps)
 }
 
 #[test]

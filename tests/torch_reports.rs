@@ -257,22 +257,7 @@ fn flamegraphs_show_the_tensors_unless_asked_for_segments() {
 }
 
 fn python_run(steps: &str) -> Run {
-    let dir = scratch("torch_reports_python");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/torch_train.py");
-    let child = Command::new("python3")
-        .arg(script)
-        .arg(steps)
-        .current_dir(&dir)
-        .env("LD_PRELOAD", shim())
-        .env("GPUMEMTRACE_OUTPUT", format!("{}/", dir.display()))
-        .env("EMUCUDA_DEVICES", "1")
-        .env("EMU_TORCH_LIB", emu().join("libtorch_cuda.so"))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let pid = child.id();
-    let run = finish(child.wait_with_output().unwrap(), dir, pid);
+    let run = run_torch_python("torch_reports_python", steps);
     assert!(run.out.status.success(), "{}", run.stderr);
     run
 }

@@ -171,6 +171,27 @@ pub fn run_traced(prog: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
     finish(child.wait_with_output().unwrap(), dir, pid)
 }
 
+/// Runs `tests/python/torch_train.py STEPS` traced, on the emulated PyTorch (its fake `torch`
+/// package loads `libtorch_cuda.so` through ctypes, RTLD_LOCAL, as Python imports torch).
+pub fn run_torch_python(scratch_name: &str, steps: &str) -> Run {
+    let dir = scratch(scratch_name);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/torch_train.py");
+    let child = Command::new("python3")
+        .arg(script)
+        .arg(steps)
+        .current_dir(&dir)
+        .env("LD_PRELOAD", shim())
+        .env("GPUMEMTRACE_OUTPUT", format!("{}/", dir.display()))
+        .env("EMUCUDA_DEVICES", "1")
+        .env("EMU_TORCH_LIB", emu().join("libtorch_cuda.so"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let pid = child.id();
+    finish(child.wait_with_output().unwrap(), dir, pid)
+}
+
 pub fn finish(out: Output, dir: PathBuf, pid: u32) -> Run {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
