@@ -86,7 +86,8 @@ pub fn block(ptr: u64, size: i64, device: C10Device, totals: Option<(u64, u64)>,
         match recorded {
             Ok((seq, time, flags)) => report_panic(catch_unwind(AssertUnwindSafe(|| {
                 if tracer::ensure_started() {
-                    tracer::submit(bare_event(Id::block_free, fields, seq, time, flags));
+                    let device = fields.device.unwrap_or(-1);
+                    tracer::submit(bare_event(Id::block_free, SUCCESS, fields, device, seq, time, flags));
                 }
             }))),
             Err(_) => tracer::disable("internal error while describing a block free"),
@@ -99,15 +100,15 @@ pub fn block(ptr: u64, size: i64, device: C10Device, totals: Option<(u64, u64)>,
     })));
 }
 
-/// An event without stacks.
-fn bare_event(id: Id, f: Fields, seq: u64, time: u64, flags: u32) -> tracer::RawEvent {
+/// An event without stacks (`record` adds them).
+fn bare_event(id: Id, result: Status, f: Fields, device: i32, seq: u64, time: u64, flags: u32) -> tracer::RawEvent {
     tracer::RawEvent {
         seq,
         api: id as u32,
         time_ns: time,
         tid: thread_id(),
-        result: 0,
-        device: f.device.unwrap_or(-1),
+        result: result as u32,
+        device,
         addr: f.addr,
         size: f.size,
         stream: f.stream,
@@ -157,24 +158,11 @@ fn record(id: Id, result: Status, f: Fields, seq: u64, time: u64) {
         py.as_ref().map(|p| p.new_codes.iter().map(|c| (c.code, c.sig)).collect()).unwrap_or_default();
     let py = py.map(Box::new);
     let event = tracer::RawEvent {
-        seq,
-        api: id as u32,
-        time_ns: time,
-        tid: thread_id(),
-        result: result as u32,
-        device,
-        addr: f.addr,
-        size: f.size,
-        stream: f.stream,
-        extra: f.extra,
-        total_allocated: f.totals.0,
-        total_reserved: f.totals.1,
-        flags,
         frames: unwind::capture(tracer::max_frames()),
         py,
         py_key,
         py_tstate,
-        thread_name: first_event_name(),
+        ..bare_event(id, result, f, device, seq, time, flags)
     };
     tracer::submit(event);
     if !known.is_empty() {

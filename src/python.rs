@@ -499,17 +499,23 @@ pub fn has_frames() -> bool {
     if !plausible(tstate, 8) {
         return false;
     }
-    let l = &interp.layout;
-    // SAFETY: fields of this thread's live thread state (and its `_PyCFrame`, 3.11/3.12), at
-    // this version's offsets, as `walk` reads them.
-    let mut frame: u64 = unsafe { read(tstate + l.tstate_frame as u64) };
-    if let Some(off) = l.cframe_current {
-        if !plausible(frame, 8) {
-            return false;
-        }
-        frame = unsafe { read(frame + off as u64) };
+    // SAFETY: `tstate` is this thread's live thread state of the detected interpreter.
+    plausible(unsafe { current_frame(&interp.layout, tstate) }, 8)
+}
+
+/// The thread's innermost frame pointer (unchecked: the caller tests it with `plausible`).
+///
+/// # Safety
+/// `tstate` must be the calling thread's live thread state of the detected interpreter.
+unsafe fn current_frame(l: &Layout, tstate: u64) -> u64 {
+    // SAFETY: fields of the thread state (and its `_PyCFrame`, 3.11/3.12) at this version's
+    // offsets; the `_PyCFrame` pointer is checked before it is followed.
+    let frame: u64 = unsafe { read(tstate + l.tstate_frame as u64) };
+    match l.cframe_current {
+        Some(off) if plausible(frame, 8) => unsafe { read(frame + off as u64) },
+        Some(_) => 0,
+        None => frame,
     }
-    plausible(frame, 8)
 }
 
 /// Walks the frames into `out`. A frame equal to the one at the same depth of `prev` (this
@@ -522,13 +528,7 @@ unsafe fn walk(interp: &Interp, tstate: u64, out: &mut PyCapture, prev: &[RawPyF
     // SAFETY (whole function): every address read is a field of an object reached from the
     // thread state through pointers checked by `plausible`, at offsets of this version's
     // layout; code objects are also type-checked before their fields are used.
-    let mut frame: u64 = unsafe { read(tstate + l.tstate_frame as u64) };
-    if let Some(off) = l.cframe_current {
-        if !plausible(frame, 8) {
-            return;
-        }
-        frame = unsafe { read(frame + off as u64) };
-    }
+    let mut frame = unsafe { current_frame(l, tstate) };
     let mut steps = 0;
     while plausible(frame, 8) && out.frames.len() < MAX_PY_FRAMES && steps < 4 * MAX_PY_FRAMES {
         steps += 1;

@@ -371,7 +371,7 @@ impl Trace {
             }
         }
         trace.direct_leak_stacks = if python_exit.is_some() { direct_at_python_exit } else { replay.direct_by_stack() };
-        let growth_end = trace.python_exit_ns.unwrap_or(replay.ext_end_ns());
+        let growth_end = trace.python_exit_ns.unwrap_or(replay.last_ns);
         trace.growth = std::mem::take(&mut replay.growth).finish(growth_end);
         trace.pools = std::mem::take(&mut replay.pools.by_device);
         trace.groups = replay.groups;
@@ -681,10 +681,6 @@ impl Replay {
             time_ns: e.time_ns,
             stack: e.stack,
         });
-    }
-
-    fn ext_end_ns(&self) -> u64 {
-        self.last_ns
     }
 
     /// Per device with blocks: its live device memory that is not a pool segment, by stack.
