@@ -23,6 +23,20 @@ pub struct Config {
     pub test_panic_at: u64,
     /// `GPUMEMTRACE_PYTHON=0`: no Python stacks (native stacks only).
     pub python: bool,
+    /// `GPUMEMTRACE_INTERPRETER_FRAMES=1`: native stacks go on through the interpreter when the
+    /// event has a Python stack. By default they end at the first interpreter frame: below it
+    /// they are the interpreter's own (the Python stack says what ran there), and walking them
+    /// is most of an event's cost under PyTorch.
+    pub interpreter_frames: bool,
+}
+
+/// A switch's value, `None` when it is neither on nor off.
+pub fn parse_flag(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "0" | "false" | "no" | "off" => Some(false),
+        "1" | "true" | "yes" | "on" => Some(true),
+        _ => None,
+    }
 }
 
 impl Config {
@@ -55,22 +69,20 @@ impl Config {
             file_mode = 0o600;
         }
         let rank = |name: &str| get(name).and_then(|v| v.trim().parse::<u32>().ok());
-        let disabled = match get("GPUMEMTRACE_DISABLE").as_deref().map(str::trim) {
-            None | Some("") | Some("0") => false,
-            Some("1") => true,
-            Some(v) => {
-                warn(&format!("GPUMEMTRACE_DISABLE={v:?} should be 0 or 1; tracing stays on"));
-                false
+        // A switch: 1/true/yes/on or 0/false/no/off in any case; anything else warns.
+        let flag = |name: &str, default: bool, meaning: &str| -> bool {
+            let Some(v) = get(name).filter(|v| !v.trim().is_empty()) else { return default };
+            match parse_flag(&v) {
+                Some(b) => b,
+                None => {
+                    warn(&format!("{name}={v:?} should be 1/true/yes/on or 0/false/no/off; {meaning}"));
+                    default
+                }
             }
         };
-        let python = match get("GPUMEMTRACE_PYTHON").as_deref().map(str::trim) {
-            None | Some("") | Some("1") => true,
-            Some("0") => false,
-            Some(v) => {
-                warn(&format!("GPUMEMTRACE_PYTHON={v:?} should be 0 or 1; Python stacks stay on"));
-                true
-            }
-        };
+        let disabled = flag("GPUMEMTRACE_DISABLE", false, "tracing stays on");
+        let python = flag("GPUMEMTRACE_PYTHON", true, "Python stacks stay on");
+        let interpreter_frames = flag("GPUMEMTRACE_INTERPRETER_FRAMES", false, "the interpreter's native frames are left out");
         let output = get("GPUMEMTRACE_OUTPUT").filter(|s| !s.is_empty());
         Config {
             output,
@@ -82,6 +94,7 @@ impl Config {
             test_writer_delay_us: number("GPUMEMTRACE_TEST_WRITER_DELAY_US", 10, 1_000_000, 0),
             test_panic_at: number("GPUMEMTRACE_TEST_PANIC_AT", 10, u64::MAX, 0),
             python,
+            interpreter_frames,
         }
     }
 }
@@ -109,7 +122,7 @@ mod tests {
 
     #[test]
     fn invalid_values_warn_and_fall_back() {
-        let (c, w) = cfg(&[("GPUMEMTRACE_FRAMES", "lots"), ("GPUMEMTRACE_DISABLE", "yes")]);
+        let (c, w) = cfg(&[("GPUMEMTRACE_FRAMES", "lots"), ("GPUMEMTRACE_DISABLE", "sometimes")]);
         assert_eq!((c.max_frames, c.disabled), (64, false));
         assert_eq!(w.len(), 2, "{w:?}");
         let (c, w) = cfg(&[("GPUMEMTRACE_FRAMES", "5000")]);
@@ -135,5 +148,21 @@ mod tests {
         assert_eq!((c.max_frames, c.disabled, c.output.as_deref()), (16, true, Some("/tmp/x/")));
         assert_eq!((c.file_mode, c.rank, c.local_rank), (0o640, Some(3), Some(1)));
         assert!(w.is_empty());
+    }
+
+    #[test]
+    fn switches_take_the_usual_words_in_any_case() {
+        for on in ["1", "true", "YES", "On", " on "] {
+            assert!(cfg(&[("GPUMEMTRACE_DISABLE", on)]).0.disabled, "{on}");
+        }
+        for off in ["0", "False", "no", "OFF"] {
+            let (c, w) = cfg(&[("GPUMEMTRACE_DISABLE", off), ("GPUMEMTRACE_PYTHON", off)]);
+            assert!(!c.disabled && !c.python && w.is_empty(), "{off}");
+        }
+        let (c, w) = cfg(&[("GPUMEMTRACE_DISABLE", ""), ("GPUMEMTRACE_PYTHON", " ")]);
+        assert!(!c.disabled && c.python && w.is_empty(), "empty means the default");
+        let (c, w) = cfg(&[("GPUMEMTRACE_INTERPRETER_FRAMES", "2")]);
+        assert!(!c.interpreter_frames);
+        assert!(w[0].contains("GPUMEMTRACE_INTERPRETER_FRAMES"), "{w:?}");
     }
 }

@@ -21,7 +21,7 @@ use std::cell::{Cell, RefCell};
 use std::ffi::{c_int, c_void};
 use std::ops::Deref;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Mutex;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
@@ -105,8 +105,12 @@ struct Memo {
     frames: Vec<Walked>,
     /// Stack words read, in order: frame `i` read `reads[frames[i].reads..frames[i + 1].reads]`.
     reads: Vec<(u64, u64)>,
-    /// The walk stopped at the frame limit (and could go on from its last frame).
+    /// The walk stopped at the frame limit or at a stop frame (and could go on from its last frame).
     at_max: bool,
+    /// ...at a stop frame (see `capture`).
+    stopped: bool,
+    /// The walk had stop frames: a memo is only used by walks of the same kind.
+    with_stop: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -118,17 +122,49 @@ struct Walked {
     reads: u32,
 }
 
+/// framehop's rule cache is direct-mapped with 509 slots (`address % 509`). PyTorch's stacks
+/// run through thousands of distinct return addresses per training step (every op has its own
+/// dispatcher chain), so one cache thrashes and each miss costs a rule lookup and a CFI
+/// evaluation (hundreds of ns a frame). `WAYS` caches indexed by the next bits of the address
+/// act as one direct-mapped cache of `WAYS * 509` slots: two addresses share a slot only when
+/// they are equal modulo `WAYS * 509`.
+const WAYS: usize = 16;
+const SLOTS: u64 = 509;
+
+struct Caches(Box<[CacheX86_64; WAYS]>);
+
+impl Caches {
+    fn new() -> Caches {
+        Caches(Box::new(std::array::from_fn(|_| CacheX86_64::new())))
+    }
+    fn for_address(&mut self, a: u64) -> &mut CacheX86_64 {
+        &mut self.0[((a / SLOTS) % WAYS as u64) as usize]
+    }
+    fn hits(&self) -> u64 {
+        self.0.iter().map(|c| c.stats().hit_count).sum()
+    }
+}
+
+/// Frames walked by rule (not taken from the memo), and how many of them missed the rule cache:
+/// reported in the trace, so a thrashing cache shows.
+pub static WALKED: AtomicU64 = AtomicU64::new(0);
+pub static MISSED: AtomicU64 = AtomicU64::new(0);
+
 struct PerThread {
-    cache: CacheX86_64,
+    caches: Caches,
     memo: Memo,
     next: Memo,
+    /// Not yet added to `WALKED` / `MISSED` (added in batches: no shared cache line per event).
+    walked: u64,
+    missed: u64,
 }
 
 /// Return addresses of the current call stack, innermost first, starting at the first frame
-/// outside `skip` (the tracer's own segments), at most `max`. `Ok(true)` when the frames are
-/// exactly those of this thread's previous capture.
+/// outside `skip` (the tracer's own segments), at most `max`, ending at the first frame inside
+/// `stop` (the interpreter, when its own stack replaces the rest). `Ok(true)` when the frames
+/// are exactly those of this thread's previous capture.
 #[inline(never)]
-pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)]) -> Result<bool, Unavailable> {
+pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(u64, u64)]) -> Result<bool, Unavailable> {
     let (pc, sp, bp) = registers();
     let (lo, hi) = stack_bounds().ok_or(Unavailable)?;
     if sp < lo || sp >= hi {
@@ -140,16 +176,20 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)]) -> Result
         .try_with(|c| {
             let mut c = c.try_borrow_mut().map_err(|_| Unavailable)?;
             let t = c.get_or_insert_with(|| {
-                Box::new(PerThread { cache: CacheX86_64::new(), memo: Memo::default(), next: Memo::default() })
+                Box::new(PerThread { caches: Caches::new(), memo: Memo::default(), next: Memo::default(), walked: 0, missed: 0 })
             });
-            let PerThread { cache, memo, next } = &mut **t;
+            let PerThread { caches, memo, next, walked: walked_total, missed: missed_total } = &mut **t;
+            let hits_before = caches.hits();
+            let mut walked = 0u64;
             'again: loop {
                 frames.clear();
                 next.frames.clear();
                 next.reads.clear();
                 next.at_max = false;
+                next.stopped = false;
+                next.with_stop = !stop.is_empty();
                 next.snap = snap as *const Snapshot as usize;
-                let mut memo_ok = memo.snap == next.snap;
+                let mut memo_ok = memo.snap == next.snap && memo.with_stop == next.with_stop;
                 let in_stack = |a: u64| a >= lo && a <= hi.saturating_sub(8);
                 let mut regs = UnwindRegsX86_64::new(pc, sp, bp);
                 let mut addr = FrameAddress::InstructionPointer(pc);
@@ -167,7 +207,7 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)]) -> Result
                                 // SAFETY: `a..a+8` lies within this thread's mapped stack.
                                 in_stack(a) && unsafe { (a as *const u64).read_unaligned() } == v
                             });
-                            if valid && same_as_memo && j == k && !memo.at_max {
+                            if valid && same_as_memo && j == k && (!memo.at_max || memo.stopped) {
                                 // The whole walk is the previous one: keep it as the memo.
                                 frames.extend(memo.frames[j..].iter().map(|w| w.addr.address()).filter(|&a| {
                                     let ours = in_tracer && skip.iter().any(|&(s, e)| a >= s && a < e);
@@ -192,6 +232,7 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)]) -> Result
                                     frames.push(a);
                                 }
                                 next.at_max = memo.at_max;
+                                next.stopped = memo.stopped;
                                 if frames.len() >= max {
                                     // Deeper than the previous walk: its end is not this one's.
                                     let excess = frames.len() - max;
@@ -200,10 +241,11 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)]) -> Result
                                     let keep = next.frames.last().map_or(0, |w| w.reads as usize);
                                     next.reads.truncate(keep);
                                     next.at_max = true;
+                                    next.stopped = false;
                                     break;
                                 }
-                                if !memo.at_max {
-                                    break; // the previous walk reached the stack's end (or unknown code) here too
+                                if !memo.at_max || memo.stopped {
+                                    break; // the previous walk reached the stack's end, unknown code or a stop frame here too
                                 }
                                 // The previous walk stopped at its limit: go on from its last frame.
                                 same_as_memo = false;
@@ -245,6 +287,11 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)]) -> Result
                     if !known {
                         break;
                     }
+                    if stop.iter().any(|&(s, e)| a >= s && a < e) {
+                        next.at_max = true;
+                        next.stopped = true;
+                        break;
+                    }
                     if frames.len() >= max {
                         next.at_max = true;
                         break;
@@ -259,7 +306,8 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)]) -> Result
                         reads.push((a, v));
                         Ok(v)
                     };
-                    match snap.unwinder.unwind_frame(addr, &mut regs, cache, &mut read) {
+                    walked += 1;
+                    match snap.unwinder.unwind_frame(addr, &mut regs, caches.for_address(addr.address_for_lookup()), &mut read) {
                         Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
                             Some(f) => addr = f,
                             None => break,
@@ -268,6 +316,14 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)]) -> Result
                     }
                 }
                 std::mem::swap(memo, next);
+                if walked > 0 {
+                    *walked_total += walked;
+                    *missed_total += walked.saturating_sub(caches.hits() - hits_before);
+                    if *walked_total >= 256 {
+                        WALKED.fetch_add(std::mem::take(walked_total), Relaxed);
+                        MISSED.fetch_add(std::mem::take(missed_total), Relaxed);
+                    }
+                }
                 return Ok(same_as_memo);
             }
         })
@@ -540,9 +596,41 @@ mod tests {
 
     #[inline(never)]
     fn fast() -> Vec<u64> {
+        fast_until(&[])
+    }
+
+    #[inline(never)]
+    fn fast_until(stop: &[(u64, u64)]) -> Vec<u64> {
         let mut v = Vec::new();
-        capture(&mut v, 64, &[]).unwrap();
-        v
+        // `Unavailable` while another test thread rebuilds the module snapshot: ask again.
+        for _ in 0..1000 {
+            if capture(&mut v, 64, &[], stop).is_ok() {
+                return v;
+            }
+            std::thread::yield_now();
+        }
+        panic!("the fast unwinder stayed unavailable")
+    }
+
+    #[test]
+    fn a_stop_range_ends_the_stack_at_its_first_frame_whatever_the_memo_holds() {
+        // Alternating walks with and without stop frames, all from one call site: each is
+        // right, whichever came before it.
+        let mut stop = Vec::new();
+        let mut full = Vec::new();
+        for (i, with_stop) in [false, true, true, false, true, false, false, true].into_iter().enumerate() {
+            let range: &[(u64, u64)] = std::hint::black_box(if with_stop { &stop } else { &[] });
+            let v = fast_until(range);
+            if i == 0 {
+                assert!(v.len() > 4, "{v:x?}");
+                stop = vec![(v[3], v[3] + 1)];
+                full = v;
+            } else if with_stop {
+                assert_eq!(v, full[..4], "walk {i}");
+            } else {
+                assert_eq!(v, full, "walk {i}");
+            }
+        }
     }
 
     #[inline(never)]

@@ -157,8 +157,11 @@ fn record(id: Id, result: Status, f: Fields, seq: u64, time: u64) {
     let known: Vec<(u64, u64)> =
         py.as_ref().map(|p| p.new_codes.iter().map(|c| (c.code, c.sig)).collect()).unwrap_or_default();
     let py = py.map(Box::new);
+    // With a Python stack, the native one ends where the interpreter begins (see
+    // `Config::interpreter_frames`).
+    let stop = if py_key != 0 && !tracer::interpreter_frames() { crate::python::interpreter_code() } else { &[] };
     let event = tracer::RawEvent {
-        frames: unwind::capture(tracer::max_frames()),
+        frames: unwind::capture(tracer::max_frames(), stop),
         py,
         py_key,
         py_tstate,

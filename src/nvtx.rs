@@ -197,7 +197,8 @@ unsafe fn install(get: GetModuleFunctionTable, module: c_int, slots: &[(usize, u
 #[no_mangle]
 pub unsafe extern "C" fn InitializeInjectionNvtx2(get_export_table: Option<GetExportTable>) -> c_int {
     let Some(get) = get_export_table else { return 0 };
-    if std::env::var_os("GPUMEMTRACE_DISABLE").is_some_and(|v| v == "1") {
+    let disabled = std::env::var("GPUMEMTRACE_DISABLE").ok().and_then(|v| crate::config::parse_flag(&v));
+    if disabled == Some(true) {
         return 0;
     }
     let r = std::panic::catch_unwind(|| {

@@ -222,6 +222,21 @@ static ENABLED: AtomicBool = AtomicBool::new(true);
 static NOTICE: Mutex<Option<String>> = Mutex::new(None);
 static HAS_NOTICE: AtomicBool = AtomicBool::new(false);
 
+static INTERPRETER_CODE: OnceCell<Vec<(u64, u64)>> = OnceCell::new();
+
+/// The address ranges of the object holding the interpreter (libpython, or the `python`
+/// executable it is linked into); empty until an interpreter is found.
+pub fn interpreter_code() -> &'static [(u64, u64)] {
+    if let Some(c) = INTERPRETER_CODE.get() {
+        return c;
+    }
+    let Some(interp) = INTERP.get() else { return &[] };
+    let here = interp.get_tstate as usize as u64;
+    INTERPRETER_CODE.get_or_init(|| {
+        crate::modules::loaded_objects().into_iter().find(|o| o.contains(here)).map(|o| o.segments).unwrap_or_default()
+    })
+}
+
 /// `GPUMEMTRACE_PYTHON=0` turns capture off (set once when tracing starts).
 pub fn set_enabled(on: bool) {
     ENABLED.store(on, Relaxed);

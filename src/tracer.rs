@@ -145,6 +145,13 @@ pub fn max_frames() -> usize {
     MAX_FRAMES.load(SeqCst)
 }
 
+static INTERPRETER_FRAMES: AtomicBool = AtomicBool::new(false);
+
+/// See `Config::interpreter_frames`.
+pub fn interpreter_frames() -> bool {
+    INTERPRETER_FRAMES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 fn tracer() -> Option<&'static Tracer> {
     let p = TRACER.load(SeqCst);
     // SAFETY: TRACER is null or a leaked Box that is never freed.
@@ -271,6 +278,7 @@ fn start() {
 
 fn open(config: &Config) -> Result<Tracer, String> {
     MAX_FRAMES.store(config.max_frames, SeqCst);
+    INTERPRETER_FRAMES.store(config.interpreter_frames, SeqCst);
     crate::python::set_enabled(config.python);
     let target = crate::output::target(config.output.as_deref(), std::process::id(), config.rank);
     let (file, path) =

@@ -11,7 +11,7 @@ static OURS: OnceCell<Vec<(u64, u64)>> = OnceCell::new();
 
 fn ours() -> &'static [(u64, u64)] {
     OURS.get_or_init(|| {
-        let here = capture as fn(usize) -> Stack as usize as u64;
+        let here = capture as fn(usize, &[(u64, u64)]) -> Stack as usize as u64;
         crate::modules::loaded_objects()
             .into_iter()
             .find(|o| o.contains(here))
@@ -63,8 +63,9 @@ thread_local! {
     static PER_THREAD: RefCell<Option<PerThread>> = const { RefCell::new(None) };
 }
 
-/// Up to `max` caller frames of the current call, interned per thread.
-pub fn capture(max: usize) -> Stack {
+/// Up to `max` caller frames of the current call, ending at the first frame inside `stop`,
+/// interned per thread.
+pub fn capture(max: usize, stop: &[(u64, u64)]) -> Stack {
     if max == 0 {
         return Stack { key: 0, frames: Vec::new() };
     }
@@ -76,7 +77,7 @@ pub fn capture(max: usize) -> Stack {
             p.seen.fill(0);
             p.epoch = epoch;
         }
-        let same = capture_into(&mut p.scratch, max);
+        let same = capture_into(&mut p.scratch, max, stop);
         let key = if same && p.last_key != 0 { p.last_key } else { hash(&p.scratch) };
         p.last_key = key;
         if key == 0 {
@@ -94,7 +95,7 @@ pub fn capture(max: usize) -> Stack {
         _ => {
             // Thread teardown (or reentry): no per-thread state, send everything.
             let mut frames = Vec::with_capacity(max);
-            capture_into(&mut frames, max);
+            capture_into(&mut frames, max, stop);
             Stack { key: hash(&frames), frames }
         }
     }
@@ -132,12 +133,12 @@ pub fn hash_words(n: usize, words: impl IntoIterator<Item = u64>) -> u64 {
 pub static FALLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Fills `frames`; true when they are exactly those of this thread's previous capture.
-fn capture_into(frames: &mut Vec<u64>, max: usize) -> bool {
+fn capture_into(frames: &mut Vec<u64>, max: usize, stop: &[(u64, u64)]) -> bool {
     frames.clear();
     let ours = ours();
     #[cfg(target_arch = "x86_64")]
     if use_fast() {
-        if let Ok(same) = crate::fastunwind::capture(frames, max, ours) {
+        if let Ok(same) = crate::fastunwind::capture(frames, max, ours, stop) {
             return same;
         }
         FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -158,7 +159,7 @@ fn capture_into(frames: &mut Vec<u64>, max: usize) -> bool {
             }
             in_tracer = false;
             frames.push(ip);
-            frames.len() < max
+            frames.len() < max && !stop.iter().any(|&(s, e)| ip >= s && ip < e)
         });
     }
     false

@@ -343,6 +343,16 @@ impl Writer {
                 self.events
             ));
         }
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::fastunwind::{MISSED, WALKED};
+            let (walked, missed) = (WALKED.load(std::sync::atomic::Ordering::Relaxed), MISSED.load(std::sync::atomic::Ordering::Relaxed));
+            if walked > 0 {
+                self.notice(&format!(
+                    "native unwinding: {walked} frames walked by rule (the rest reused), {missed} of them missed the rule cache"
+                ));
+            }
+        }
         let s = fmt::Stats { events: self.events, dropped: self.dropped, final_ };
         self.put(&Record::Stats(s));
     }
