@@ -20,7 +20,7 @@ use gpumemtrace_format::{event_flags, Op};
 use crate::cuda::{C10Device, Status, C10_CUDA, SUCCESS};
 use crate::guard::Guard;
 use crate::table::Id;
-use crate::{resolve, tracer, unwind};
+use crate::{clock, resolve, tracer, unwind};
 
 pub fn traced(id: Id, call: impl FnOnce() -> Status, describe: impl FnOnce(Status) -> Option<Fields>) -> Status {
     let Some(_guard) = Guard::enter() else {
@@ -31,11 +31,11 @@ pub fn traced(id: Id, call: impl FnOnce() -> Status, describe: impl FnOnce(Statu
     }
     // A free is ordered (numbered and timed) before its real call, an allocation after it: then
     // an address freed on one thread and handed out again on another is always written free
-    // first (see `tracer::next_seq`). Free lines of the table do not read the result.
+    // first (see `clock::next_seq`). Free lines of the table do not read the result.
     let is_free = matches!(id.info().event, Some((_, Op::Free)));
     let mut before = None;
     if is_free {
-        match catch_unwind(AssertUnwindSafe(|| describe(SUCCESS).map(|f| (f, tracer::next_seq(), tracer::now_ns())))) {
+        match catch_unwind(AssertUnwindSafe(|| describe(SUCCESS).map(|f| (f, clock::next_seq(), clock::now_ns())))) {
             Ok(b) => before = b,
             Err(_) => tracer::disable("internal error while describing a free"),
         }
@@ -48,7 +48,7 @@ pub fn traced(id: Id, call: impl FnOnce() -> Status, describe: impl FnOnce(Statu
     let result = call();
     let recorded = catch_unwind(AssertUnwindSafe(|| {
         if let Some(fields) = describe(result) {
-            record(id, result, fields, tracer::next_seq(), tracer::now_ns());
+            record(id, result, fields, clock::next_seq(), clock::now_ns());
         }
     }));
     report_panic(recorded);
@@ -78,7 +78,7 @@ pub fn block(ptr: u64, size: i64, device: C10Device, totals: Option<(u64, u64)>,
         // A free needs no stack: numbered and timed before the block can be handed out again,
         // with one bit saying whether the program (not the interpreter's shutdown) freed it.
         let recorded = catch_unwind(AssertUnwindSafe(|| {
-            let (seq, time) = (tracer::next_seq(), tracer::now_ns());
+            let (seq, time) = (clock::next_seq(), clock::now_ns());
             let flags = if crate::python::has_frames() { event_flags::PYTHON } else { 0 };
             (seq, time, flags)
         }));
@@ -96,7 +96,7 @@ pub fn block(ptr: u64, size: i64, device: C10Device, totals: Option<(u64, u64)>,
     }
     forward();
     report_panic(catch_unwind(AssertUnwindSafe(|| {
-        record(Id::block_alloc, SUCCESS, fields, tracer::next_seq(), tracer::now_ns())
+        record(Id::block_alloc, SUCCESS, fields, clock::next_seq(), clock::now_ns())
     })));
 }
 
@@ -254,7 +254,7 @@ pub unsafe fn out<T: Addr>(r: Status, p: *mut T) -> u64 {
 }
 
 /// Python stack keys this thread has sent (direct-mapped: a lost slot only means the frames are
-/// sent again), for the tracer start (`tracer::epoch`) they belong to.
+/// sent again), for the tracer start (`clock::epoch`) they belong to.
 const PY_SEEN: usize = 256;
 
 thread_local! {
@@ -263,7 +263,7 @@ thread_local! {
 
 /// Whether this thread already sent the Python stack `key` (and marks it sent).
 fn py_stack_sent(key: u64) -> bool {
-    let epoch = tracer::epoch();
+    let epoch = clock::epoch();
     PY_SENT
         .try_with(|s| {
             let Ok(mut s) = s.try_borrow_mut() else { return false };

@@ -14,6 +14,7 @@
 //! - [`resolve`], [`modules`], [`unwind`], [`output`], [`config`]: small helpers named for what
 //!   they hold. `unsafe` lives in the FFI-facing modules, each use with a `// SAFETY:` note.
 
+mod clock;
 mod config;
 mod crash;
 mod exec;

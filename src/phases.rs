@@ -16,6 +16,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use gpumemtrace_format::PhaseOp;
 
+use crate::clock;
 use crate::tracer::{self, RawPhase};
 
 /// Records a phase boundary on the calling thread.
@@ -25,8 +26,8 @@ pub fn record(op: PhaseOp, name: &str) {
     }
     let _ = catch_unwind(AssertUnwindSafe(|| {
         tracer::submit_phase(RawPhase {
-            seq: tracer::next_seq(),
-            time_ns: tracer::now_ns(),
+            seq: clock::next_seq(),
+            time_ns: clock::now_ns(),
             tid: crate::hotpath::thread_id(),
             op,
             name: name.to_owned(),

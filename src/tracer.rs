@@ -35,24 +35,13 @@ pub enum Msg {
 }
 
 impl Msg {
-    /// Position in the process's order of calls (see [`next_seq`]).
+    /// Position in the process's order of calls (see `clock::next_seq`).
     pub fn seq(&self) -> u64 {
         match self {
             Msg::Event(e) => e.seq,
             Msg::Phase(p) => p.seq,
         }
     }
-}
-
-/// The order in which calls happened, across threads. Threads hand events over in whatever
-/// order they get to the channel, which can differ: thread A frees X, thread B's allocation gets
-/// X back, and B's event may reach the channel first. So each event takes a number at the moment
-/// that orders it — a free before its real call, an allocation after its real call returned —
-/// and the writer writes events in that order.
-static SEQ: AtomicU64 = AtomicU64::new(0);
-
-pub fn next_seq() -> u64 {
-    SEQ.fetch_add(1, SeqCst)
 }
 
 /// A phase boundary (`gpumemtrace_push` / `_pop` / `_mark`, NVTX ranges).
@@ -67,7 +56,7 @@ pub struct RawPhase {
 
 /// An event as the hot path captured it, before interning.
 pub struct RawEvent {
-    /// See [`next_seq`].
+    /// See `clock::next_seq`.
     pub seq: u64,
     pub api: u32,
     /// CLOCK_MONOTONIC, absolute.
@@ -122,20 +111,6 @@ static SUBMITTED: AtomicU64 = AtomicU64::new(0);
 static FLUSH_REQUESTED: AtomicU64 = AtomicU64::new(0);
 static FLUSH_DONE: AtomicU64 = AtomicU64::new(0);
 static FATAL_SIGNAL: AtomicI32 = AtomicI32::new(0);
-
-/// Counts tracer starts (a forked child starts its own): per-thread stack keys are per start.
-static EPOCH: AtomicU64 = AtomicU64::new(0);
-
-pub fn epoch() -> u64 {
-    EPOCH.load(SeqCst)
-}
-
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 pub fn is_off() -> bool {
     STATE.load(SeqCst) == OFF
@@ -286,10 +261,10 @@ fn open(config: &Config) -> Result<Tracer, String> {
     use std::os::fd::AsRawFd;
     let fd = file.as_raw_fd();
     let early = std::mem::take(&mut *EARLY_PHASES.lock().unwrap_or_else(|e| e.into_inner()));
-    let writer = Writer::create(file, path.clone(), now_ns(), config, early)
+    let writer = Writer::create(file, path.clone(), crate::clock::now_ns(), config, early)
         .map_err(|e| format!("cannot write trace file {}: {e}", path.display()))?;
     let (tx, rx) = bounded(QUEUE);
-    EPOCH.fetch_add(1, SeqCst);
+    crate::clock::new_epoch();
     TEST_PANIC_AT.store(config.test_panic_at, SeqCst);
     let writer_delay = Duration::from_micros(config.test_writer_delay_us);
     Ok(Tracer { tx, rx, writer: Mutex::new(writer), writer_delay, fd })
@@ -469,7 +444,7 @@ extern "C" fn in_forked_child() {
         unsafe { libc::close((*old).fd) };
     }
     IN_FLIGHT.store(0, SeqCst);
-    SEQ.store(0, SeqCst); // the child's writer expects its numbers from 0
+    crate::clock::reset_seq();
     WARNED.store(false, SeqCst);
     STATE.store(UNINIT, SeqCst);
 }

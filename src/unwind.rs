@@ -54,7 +54,7 @@ struct PerThread {
     /// Key of the previous capture: an unchanged stack is not hashed again.
     last_key: u64,
     seen: Box<[u64; SEEN]>,
-    /// The tracer start (`tracer::epoch`) the set belongs to: a forked child's new writer knows
+    /// The tracer start (`clock::epoch`) the set belongs to: a forked child's new writer knows
     /// none of the parent's keys.
     epoch: u64,
 }
@@ -69,7 +69,7 @@ pub fn capture(max: usize, stop: &[(u64, u64)]) -> Stack {
     if max == 0 {
         return Stack { key: 0, frames: Vec::new() };
     }
-    let epoch = crate::tracer::epoch();
+    let epoch = crate::clock::epoch();
     let r = PER_THREAD.try_with(|p| {
         let Ok(mut p) = p.try_borrow_mut() else { return None };
         let p = p.get_or_insert_with(|| PerThread { scratch: Vec::with_capacity(max), last_key: 0, seen: Box::new([0; SEEN]), epoch });

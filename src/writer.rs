@@ -60,7 +60,7 @@ pub struct Writer {
     pub events: u64,
     pub dropped: u64,
     last_flush: Instant,
-    /// Messages that arrived ahead of their turn, by sequence number (see `tracer::next_seq`).
+    /// Messages that arrived ahead of their turn, by sequence number (see `clock::next_seq`).
     pending: BTreeMap<u64, Msg>,
     /// The sequence number to write next.
     next_seq: u64,
@@ -413,7 +413,7 @@ fn process_info(start_ns: u64, config: &Config) -> fmt::Process {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
-    let monotonic = crate::tracer::now_ns();
+    let monotonic = crate::clock::now_ns();
     fmt::Process {
         pid: std::process::id(),
         // SAFETY: getppid has no preconditions.
