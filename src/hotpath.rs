@@ -11,7 +11,6 @@
 //! Anything that goes wrong in 3-5 is caught here: tracing switches itself off with one line on
 //! stderr, and the program goes on with the real result.
 
-use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -20,7 +19,7 @@ use gpumemtrace_format::{event_flags, Op};
 use crate::cuda::{C10Device, Status, C10_CUDA, SUCCESS};
 use crate::guard::Guard;
 use crate::table::Id;
-use crate::{clock, resolve, tracer, unwind};
+use crate::{clock, resolve, thread, tracer, unwind};
 
 pub fn traced(id: Id, call: impl FnOnce() -> Status, describe: impl FnOnce(Status) -> Option<Fields>) -> Status {
     let Some(_guard) = Guard::enter() else {
@@ -106,7 +105,7 @@ fn bare_event(id: Id, result: Status, f: Fields, device: i32, seq: u64, time: u6
         seq,
         api: id as u32,
         time_ns: time,
-        tid: thread_id(),
+        tid: thread::thread_id(),
         result: result as u32,
         device,
         addr: f.addr,
@@ -120,7 +119,7 @@ fn bare_event(id: Id, result: Status, f: Fields, device: i32, seq: u64, time: u6
         py: None,
         py_key: 0,
         py_tstate: false,
-        thread_name: first_event_name(),
+        thread_name: thread::first_event_name(),
     }
 }
 
@@ -277,48 +276,3 @@ fn py_stack_sent(key: u64) -> bool {
         })
         .unwrap_or(false)
 }
-
-thread_local! {
-    static TID: Cell<u32> = const { Cell::new(0) };
-    static NAMED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// The thread's name (`prctl(PR_GET_NAME)`), on its first event only: read here because the
-/// thread may be gone by the time the writer gets to it.
-fn first_event_name() -> Option<String> {
-    if NAMED.try_with(|n| n.replace(true)).unwrap_or(true) {
-        return None;
-    }
-    let mut buf = [0u8; 17];
-    // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL-terminated, into the buffer.
-    if unsafe { libc::prctl(libc::PR_GET_NAME, buf.as_mut_ptr()) } != 0 {
-        return None;
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(16);
-    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
-}
-
-/// The kernel thread id, cached per thread (reset in a forked child).
-pub fn thread_id() -> u32 {
-    TID.try_with(|t| {
-        let v = t.get();
-        if v != 0 {
-            return v;
-        }
-        // SAFETY: gettid has no preconditions.
-        let v = unsafe { libc::gettid() } as u32;
-        t.set(v);
-        v
-    })
-    .unwrap_or_else(|_| {
-        // SAFETY: as above.
-        unsafe { libc::gettid() as u32 }
-    })
-}
-
-/// After fork the child's only thread has a new id.
-pub fn forget_thread_id() {
-    let _ = TID.try_with(|t| t.set(0));
-    let _ = NAMED.try_with(|n| n.set(false));
-}
-

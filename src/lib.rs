@@ -31,6 +31,7 @@ mod python;
 mod resolve;
 mod routing;
 mod table;
+mod thread;
 mod tracer;
 mod unwind;
 mod writer;

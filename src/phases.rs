@@ -28,7 +28,7 @@ pub fn record(op: PhaseOp, name: &str) {
         tracer::submit_phase(RawPhase {
             seq: clock::next_seq(),
             time_ns: clock::now_ns(),
-            tid: crate::hotpath::thread_id(),
+            tid: crate::thread::thread_id(),
             op,
             name: name.to_owned(),
         })

@@ -435,7 +435,7 @@ fn write_out(t: &Tracer, final_: bool) {
 /// In a forked child only the forking thread exists: abandon the parent's tracer (its lock may
 /// be held by a thread that is gone) and start afresh on the child's first allocation call.
 extern "C" fn in_forked_child() {
-    crate::hotpath::forget_thread_id();
+    crate::thread::forget_thread_id();
     crate::python::forget_codes();
     let old = TRACER.swap(null_mut(), SeqCst);
     if !old.is_null() {
