@@ -18,6 +18,7 @@ use gpumemtrace_format::{event_flags, Op};
 
 use crate::cuda::{C10Device, Status, C10_CUDA, SUCCESS};
 use crate::guard::Guard;
+use crate::record::{RawEvent, Stack};
 use crate::table::Id;
 use crate::{clock, resolve, thread, tracer, unwind};
 
@@ -100,8 +101,8 @@ pub fn block(ptr: u64, size: i64, device: C10Device, totals: Option<(u64, u64)>,
 }
 
 /// An event without stacks (`record` adds them).
-fn bare_event(id: Id, result: Status, f: Fields, device: i32, seq: u64, time: u64, flags: u32) -> tracer::RawEvent {
-    tracer::RawEvent {
+fn bare_event(id: Id, result: Status, f: Fields, device: i32, seq: u64, time: u64, flags: u32) -> RawEvent {
+    RawEvent {
         seq,
         api: id as u32,
         time_ns: time,
@@ -115,7 +116,7 @@ fn bare_event(id: Id, result: Status, f: Fields, device: i32, seq: u64, time: u6
         total_allocated: f.totals.0,
         total_reserved: f.totals.1,
         flags,
-        frames: unwind::Stack { key: 0, frames: Vec::new() },
+        frames: Stack { key: 0, frames: Vec::new() },
         py: None,
         py_key: 0,
         py_tstate: false,
@@ -159,7 +160,7 @@ fn record(id: Id, result: Status, f: Fields, seq: u64, time: u64) {
     // With a Python stack, the native one ends where the interpreter begins (see
     // `Config::interpreter_frames`).
     let stop = if py_key != 0 && !tracer::interpreter_frames() { crate::python::interpreter_code() } else { &[] };
-    let event = tracer::RawEvent {
+    let event = RawEvent {
         frames: unwind::capture(tracer::max_frames(), stop),
         py,
         py_key,

@@ -28,6 +28,7 @@ mod nvtx;
 mod output;
 mod phases;
 mod python;
+mod record;
 mod resolve;
 mod routing;
 mod table;

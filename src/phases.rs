@@ -16,8 +16,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use gpumemtrace_format::PhaseOp;
 
-use crate::clock;
-use crate::tracer::{self, RawPhase};
+use crate::record::RawPhase;
+use crate::{clock, tracer};
 
 /// Records a phase boundary on the calling thread.
 pub fn record(op: PhaseOp, name: &str) {

@@ -30,6 +30,7 @@ use std::sync::Mutex;
 
 use once_cell::sync::OnceCell;
 
+use crate::record::{CodeInfo, PyCapture, RawPyFrame};
 use crate::resolve::dlsym_real;
 
 /// Deepest Python stack recorded (innermost frames are kept).
@@ -42,15 +43,6 @@ const MAX_LINETABLE: usize = 256 * 1024;
 /// Frame flag: the first frame its interpreter-loop invocation ran.
 pub const ENTRY: u8 = 1;
 
-/// One captured frame.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct RawPyFrame {
-    pub code: u64,
-    pub sig: u64,
-    pub instr: u32,
-    pub flags: u8,
-}
-
 /// 64-bit key of a Python stack (0 only for no frames), as the native stacks' (`unwind::hash`).
 pub fn stack_key(frames: &[RawPyFrame]) -> u64 {
     if frames.is_empty() {
@@ -58,28 +50,6 @@ pub fn stack_key(frames: &[RawPyFrame]) -> u64 {
     }
     let words = frames.iter().flat_map(|f| [f.code, f.sig, (f.instr as u64) << 8 | f.flags as u64]);
     crate::unwind::hash_words(3 * frames.len(), words)
-}
-
-/// What the writer needs of a code object, copied while it was certainly alive.
-#[derive(Clone, Debug)]
-pub struct CodeInfo {
-    pub code: u64,
-    pub sig: u64,
-    pub name: String,
-    pub qualname: String,
-    pub filename: String,
-    pub firstlineno: u32,
-    pub linetable_format: u8,
-    pub linetable: Vec<u8>,
-}
-
-/// A thread's Python stack at one event.
-#[derive(Debug, Default)]
-pub struct PyCapture {
-    /// Innermost first.
-    pub frames: Vec<RawPyFrame>,
-    /// Code objects the process had not reported yet.
-    pub new_codes: Vec<CodeInfo>,
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError};
 
 use crate::config::Config;
+use crate::record::{Msg, RawEvent, RawPhase};
 use crate::writer::Writer;
 
 const UNINIT: u8 = 0;
@@ -27,62 +28,6 @@ const OFF: u8 = 4;
 const QUEUE: usize = 4096;
 /// How long the writer sleeps when the queue is empty (well under `writer::FLUSH_INTERVAL`).
 const WRITER_POLL: Duration = Duration::from_micros(500);
-
-/// What the hooks hand to the writer, in order.
-pub enum Msg {
-    Event(RawEvent),
-    Phase(RawPhase),
-}
-
-impl Msg {
-    /// Position in the process's order of calls (see `clock::next_seq`).
-    pub fn seq(&self) -> u64 {
-        match self {
-            Msg::Event(e) => e.seq,
-            Msg::Phase(p) => p.seq,
-        }
-    }
-}
-
-/// A phase boundary (`gpumemtrace_push` / `_pop` / `_mark`, NVTX ranges).
-pub struct RawPhase {
-    pub seq: u64,
-    /// CLOCK_MONOTONIC, absolute.
-    pub time_ns: u64,
-    pub tid: u32,
-    pub op: gpumemtrace_format::PhaseOp,
-    pub name: String,
-}
-
-/// An event as the hot path captured it, before interning.
-pub struct RawEvent {
-    /// See `clock::next_seq`.
-    pub seq: u64,
-    pub api: u32,
-    /// CLOCK_MONOTONIC, absolute.
-    pub time_ns: u64,
-    pub tid: u32,
-    pub result: u32,
-    pub device: i32,
-    pub addr: u64,
-    pub size: u64,
-    pub stream: u64,
-    pub extra: u64,
-    /// See `gpumemtrace_format::Event`.
-    pub total_allocated: u64,
-    pub total_reserved: u64,
-    pub flags: u32,
-    pub frames: crate::unwind::Stack,
-    /// The calling thread's Python stack, the first time this thread sends it; `None` when no
-    /// supported interpreter runs or when `py_key` names a stack this thread sent before.
-    pub py: Option<Box<crate::python::PyCapture>>,
-    /// Hash of the Python stack (0: none).
-    pub py_key: u64,
-    /// The thread had a Python thread state.
-    pub py_tstate: bool,
-    /// The thread's name, on its first event.
-    pub thread_name: Option<String>,
-}
 
 struct Tracer {
     tx: Sender<Msg>,

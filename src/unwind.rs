@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
 use once_cell::sync::OnceCell;
 
+use crate::record::Stack;
+
 /// Address range of this library's segments, to drop the tracer's own frames.
 static OURS: OnceCell<Vec<(u64, u64)>> = OnceCell::new();
 
@@ -35,15 +37,6 @@ fn use_fast() -> bool {
             fast
         }
     }
-}
-
-/// A captured stack as the hot path hands it over: `key` names it (a 64-bit hash of its frames,
-/// 0 for no frames); `frames` holds the frames only the first time this thread sends that key
-/// in this tracer's life (empty afterwards: the writer already knows the key). So the warm path
-/// allocates nothing and the writer hashes nothing.
-pub struct Stack {
-    pub key: u64,
-    pub frames: Vec<u64>,
 }
 
 /// Keys this thread has sent: a direct-mapped set (a lost slot only means frames are sent again).

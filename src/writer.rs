@@ -14,8 +14,7 @@ use gpumemtrace_format::{self as fmt, Encoder, Record};
 use crate::config::Config;
 use crate::modules::{loaded_objects, Object};
 use crate::table::{ALL, HOOKS};
-use crate::tracer::{Msg, RawEvent, RawPhase};
-use crate::unwind::Stack;
+use crate::record::{CodeInfo, Msg, PyCapture, RawEvent, RawPhase, RawPyFrame, Stack};
 
 /// The identity hash, for keys that are hashes already.
 #[derive(Default)]
@@ -44,7 +43,7 @@ pub struct Writer {
     enc: Encoder,
     buf: Vec<u8>,
     start_ns: u64,
-    /// Stack ids by the hot path's key (`unwind::Stack`): already a hash, not hashed again.
+    /// Stack ids by the hot path's key (`record::Stack`): already a hash, not hashed again.
     stacks: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
     /// Python code objects written, by (address, signature): see `python.rs`.
     py_codes: HashMap<(u64, u64), u32>,
@@ -245,7 +244,7 @@ impl Writer {
 
     /// The id of a Python stack the hook sent with its frames, keyed by the hook's hash (the
     /// code objects were written when the message arrived, see `message`).
-    fn intern_py(&mut self, py: crate::python::PyCapture, key: u64) -> u32 {
+    fn intern_py(&mut self, py: PyCapture, key: u64) -> u32 {
         if py.frames.is_empty() {
             return 0;
         }
@@ -258,7 +257,7 @@ impl Writer {
     }
 
     /// PyCode records for code objects not described yet.
-    fn write_codes(&mut self, codes: Vec<crate::python::CodeInfo>) {
+    fn write_codes(&mut self, codes: Vec<CodeInfo>) {
         for c in codes {
             if self.py_codes.contains_key(&(c.code, c.sig)) {
                 continue;
@@ -277,7 +276,7 @@ impl Writer {
         }
     }
 
-    fn py_stack_id(&mut self, raw: &[crate::python::RawPyFrame]) -> u32 {
+    fn py_stack_id(&mut self, raw: &[RawPyFrame]) -> u32 {
         let mut frames = Vec::with_capacity(raw.len());
         for f in raw {
             let code = match self.py_codes.get(&(f.code, f.sig)) {
