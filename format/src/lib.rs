@@ -10,16 +10,27 @@
 use std::fmt;
 use std::io::{self, Read};
 
+mod compress;
+pub use compress::Compressor;
+use compress::Body;
+
 /// First 8 bytes of every trace.
 pub const MAGIC: &[u8; 8] = b"GPUMTRC\0";
-/// Format version written after the magic (u16 little endian), then 2 reserved bytes.
+/// Format version written after the magic (u16 little endian), then the header flags (u16).
 /// Version 2 stores an event's thread and address as deltas from the previous event's; version 3
 /// adds the `block` memory kind (PyTorch's caching-allocator blocks), event flags and the
-/// allocator's own totals. Readers still read versions 1 and 2.
-pub const VERSION: u16 = 3;
+/// allocator's own totals; version 4 gives the last two header bytes a meaning ([`flags`]): the
+/// records are those of version 3. Readers still read versions 1 to 3.
+pub const VERSION: u16 = 4;
+
+/// Header flags (version 4; earlier versions wrote zeros there).
+pub mod flags {
+    /// The body after the header is one zstd stream of records (see `compress.rs`).
+    pub const ZSTD: u16 = 1;
+}
 /// The oldest version this reader understands.
 pub const MIN_VERSION: u16 = 1;
-/// Size of the file header: magic, version, reserved.
+/// Size of the file header: magic, version, flags.
 pub const HEADER_LEN: usize = 12;
 /// No record payload may be longer than this; a longer length means a corrupt file.
 pub const MAX_RECORD_LEN: u64 = 1 << 20;
@@ -326,11 +337,17 @@ struct Prev {
     addr: u64,
 }
 
-/// The file header.
+/// The file header of an uncompressed trace.
 pub fn header() -> [u8; HEADER_LEN] {
+    header_with(0)
+}
+
+/// The file header with `flags` ([`flags`]).
+pub fn header_with(flags: u16) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
     h[..8].copy_from_slice(MAGIC);
     h[8..10].copy_from_slice(&VERSION.to_le_bytes());
+    h[10..12].copy_from_slice(&flags.to_le_bytes());
     h
 }
 
@@ -516,7 +533,7 @@ impl std::error::Error for ReadError {}
 
 /// Streams records out of a trace. Memory use is bounded by [`MAX_RECORD_LEN`].
 pub struct Reader<R: Read> {
-    inner: R,
+    inner: Body<R>,
     /// Byte offset of the next record.
     offset: u64,
     version: u16,
@@ -552,6 +569,11 @@ impl<R: Read> Reader<R> {
                 "format version {v}, this reader understands versions {MIN_VERSION} to {VERSION}"
             )));
         }
+        let flags = if v >= 4 { u16::from_le_bytes([h[10], h[11]]) } else { 0 };
+        if flags & !flags::ZSTD != 0 {
+            return Err(ReadError::BadHeader(format!("unknown header flags {flags:#x}")));
+        }
+        let inner = if flags & flags::ZSTD != 0 { Body::zstd(inner).map_err(ReadError::Io)? } else { Body::Plain(inner) };
         Ok(Reader {
             inner,
             offset: HEADER_LEN as u64,
