@@ -2,13 +2,14 @@
 //! have done without us (the previous handler runs, or the default action: death by the same
 //! signal, with a core dump where the default makes one).
 //!
-//! The handler is async-signal-safe: atomics, `nanosleep`, `sigaction`, `raise`. It never takes a
-//! lock or allocates; it asks the writer thread (which keeps running while this thread handles
-//! the signal) to flush, and waits for it a bounded time.
+//! The handler is async-signal-safe: atomics, `sigaction`, `raise`, and the callback given to
+//! [`install`] (the tracer's, which asks the writer thread, still running while this thread
+//! handles the signal, to flush, and waits for it a bounded time with `nanosleep`). It never
+//! takes a lock or allocates. Depends on nothing else in the crate.
 
 use std::ffi::{c_int, c_void};
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 
 /// Signals whose default action kills the process. SIGTERM is how batch schedulers stop jobs.
 const SIGNALS: [c_int; 6] = [libc::SIGSEGV, libc::SIGBUS, libc::SIGABRT, libc::SIGILL, libc::SIGFPE, libc::SIGTERM];
@@ -17,9 +18,14 @@ const SIGNALS: [c_int; 6] = [libc::SIGSEGV, libc::SIGBUS, libc::SIGABRT, libc::S
 static mut PREVIOUS: [MaybeUninit<libc::sigaction>; 65] = [const { MaybeUninit::uninit() }; 65];
 static INSTALLED: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
 static HANDLING: AtomicBool = AtomicBool::new(false);
+/// What the first fatal signal runs before the program's disposition (an `fn(i32)`; 0: none).
+static ON_FATAL: AtomicUsize = AtomicUsize::new(0);
 
-/// Installs the handlers (once per process image). Signals the program ignores stay ignored.
-pub fn install() {
+/// Installs the handlers (once per process image): `on_fatal(signal)` runs on the first fatal
+/// signal, in the handler, so it must be async-signal-safe. Signals the program ignores stay
+/// ignored.
+pub fn install(on_fatal: fn(i32)) {
+    ON_FATAL.store(on_fatal as usize, SeqCst);
     for sig in SIGNALS {
         // SAFETY: plain sigaction calls on a zeroed struct; PREVIOUS[sig] is written before our
         // handler is installed and never again, so the handler reads initialised memory.
@@ -43,7 +49,12 @@ pub fn install() {
 extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     // Only the first fatal signal flushes; one raised while flushing goes straight on.
     if !HANDLING.swap(true, SeqCst) {
-        crate::tracer::flush_for_signal(sig);
+        let f = ON_FATAL.load(SeqCst);
+        if f != 0 {
+            // SAFETY: ON_FATAL holds 0 or an `fn(i32)` stored by `install`.
+            let f: fn(i32) = unsafe { std::mem::transmute::<usize, fn(i32)>(f) };
+            f(sig);
+        }
     }
     let i = sig as usize;
     if i >= INSTALLED.len() || !INSTALLED[i].load(SeqCst) {

@@ -185,7 +185,7 @@ fn start() {
                     libc::atexit(at_exit);
                     libc::pthread_atfork(None, None, Some(in_forked_child));
                 }
-                crate::crash::install();
+                crate::crash::install(flush_for_signal);
             }
             STATE.store(RUNNING, SeqCst);
             if let Err(e) = spawn_writer() {
@@ -283,9 +283,10 @@ fn writer_loop() {
     }
 }
 
-/// Called from a fatal-signal handler (async-signal-safe: atomics and nanosleep only): asks the
-/// writer thread to write out everything queued, and waits for it at most one second.
-pub fn flush_for_signal(sig: i32) {
+/// Called from the fatal-signal handler (`crash`; async-signal-safe: atomics and nanosleep
+/// only): asks the writer thread to write out everything queued, and waits for it at most one
+/// second.
+fn flush_for_signal(sig: i32) {
     if STATE.load(SeqCst) != RUNNING {
         return; // DIRECT writes synchronously; OFF has nothing to write
     }
