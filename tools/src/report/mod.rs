@@ -108,24 +108,39 @@ pub struct Site {
     pub during_backward: bool,
 }
 
-/// Site identity: the symbolized function and line. Unsymbolized stacks cannot be told
-/// apart any better than by their id.
+/// Site identity: the frames a report shows of it (`--frames N`: the site and its N-1
+/// callers), each by symbolized function and line, so that two lines that read the same are one
+/// site and one site never hides callers it does not show. Unsymbolized sites cannot be told
+/// apart any better than by their stack id.
 #[derive(Clone, PartialEq, Eq, Hash)]
 enum SiteKey {
-    /// Function, file, line; for allocations outside the caller's own Python code (autograd
+    /// The frames shown; for allocations outside the caller's own Python code (autograd
     /// threads), also the op, which tells them apart.
-    Symbol(String, Option<String>, Option<u32>, Option<String>),
+    Symbol(Vec<FrameKey>, Option<String>),
     Stack(u32),
 }
 
-/// Merges per-stack usage into per-site usage, largest first.
+/// One shown frame: function, file, line; or, unsymbolized, its address.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum FrameKey {
+    Symbol(String, Option<String>, Option<u32>),
+    Address(u64),
+}
+
+/// Merges per-stack usage into per-site usage, largest first: one site per call site frame.
 pub fn sites(uses: &[StackUse], trace: &Trace, sym: &mut TraceSymbolizer) -> Vec<Site> {
+    sites_by(uses, trace, sym, 1)
+}
+
+/// Merges per-stack usage into per-site usage, largest first, a site being the `frames` frames
+/// shown from the call site outwards (see [`SiteKey`]).
+pub fn sites_by(uses: &[StackUse], trace: &Trace, sym: &mut TraceSymbolizer, frames: usize) -> Vec<Site> {
     let mut index: HashMap<SiteKey, usize> = HashMap::new();
     let mut out: Vec<Site> = Vec::new();
     // `uses` come largest first, so the first stack seen for a site is its biggest.
     for u in uses {
         let located = locate(trace, sym, u.stack);
-        let key = site_key(&located, u.stack);
+        let key = site_key(&located, u.stack, frames);
         let i = *index.entry(key).or_insert_with(|| {
             let Located { site, frames, site_index, thread, op, during_backward } = located;
             out.push(Site { bytes: 0, count: 0, site, frames, site_index, thread, op, during_backward });
@@ -154,13 +169,13 @@ pub struct GrowthSite {
 }
 
 /// Sites whose live bytes kept rising, most gained first: the stacks' per-window minimums
-/// summed per site, then judged by [`growth::growing`].
-pub fn growth_sites(trends: &[StackTrend], trace: &Trace, sym: &mut TraceSymbolizer) -> Vec<GrowthSite> {
+/// summed per site (`frames` frames shown, as in [`sites_by`]), then judged by [`growth::growing`].
+pub fn growth_sites(trends: &[StackTrend], trace: &Trace, sym: &mut TraceSymbolizer, frames: usize) -> Vec<GrowthSite> {
     let mut index: HashMap<SiteKey, usize> = HashMap::new();
     let mut acc: Vec<(Located, Vec<u64>)> = Vec::new();
     for t in trends {
         let located = locate(trace, sym, t.stack);
-        let key = site_key(&located, t.stack);
+        let key = site_key(&located, t.stack, frames);
         let i = *index.entry(key).or_insert_with(|| {
             acc.push((located, vec![0; t.mins.len()]));
             acc.len() - 1
@@ -188,12 +203,22 @@ pub fn growth_sites(trends: &[StackTrend], trace: &Trace, sym: &mut TraceSymboli
     out
 }
 
-fn site_key(located: &Located, stack: u32) -> SiteKey {
+fn site_key(located: &Located, stack: u32, frames: usize) -> SiteKey {
     let op = located.thread.as_ref().and(located.op.clone());
-    match &located.site.function {
-        Some(f) => SiteKey::Symbol(f.clone(), located.site.file.clone(), located.site.line, op),
-        None => SiteKey::Stack(stack),
+    if located.site.function.is_none() {
+        return SiteKey::Stack(stack);
     }
+    let shown = located
+        .frames
+        .iter()
+        .skip(located.site_index)
+        .take(frames.max(1))
+        .map(|f| match &f.function {
+            Some(func) => FrameKey::Symbol(func.clone(), f.file.clone(), f.line),
+            None => FrameKey::Address(f.address),
+        })
+        .collect();
+    SiteKey::Symbol(shown, op)
 }
 
 /// Keeps the first `top` items; returns how many were cut.

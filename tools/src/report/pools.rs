@@ -7,7 +7,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::{cut, sites, Site};
+use super::{cut, sites_by, Site};
 use crate::model::{Pool, Trace};
 use crate::pool::Reported;
 use crate::symbolize::TraceSymbolizer;
@@ -62,7 +62,8 @@ impl PoolAtFailure {
     }
 }
 
-pub fn build(trace: &Trace, sym: &mut TraceSymbolizer, wanted: impl Fn(i32) -> bool, top: Option<usize>) -> Vec<PoolReport> {
+/// `frames`: frames shown per site, which tell sites apart (see `sites_by`).
+pub fn build(trace: &Trace, sym: &mut TraceSymbolizer, wanted: impl Fn(i32) -> bool, top: Option<usize>, frames: usize) -> Vec<PoolReport> {
     let (now, at) = if trace.python_exit_ns.is_some() {
         (&trace.pools_at_python_exit, "python-exit")
     } else {
@@ -72,7 +73,7 @@ pub fn build(trace: &Trace, sym: &mut TraceSymbolizer, wanted: impl Fn(i32) -> b
     for (&device, p) in trace.pools.iter().filter(|(d, _)| wanted(**d)) {
         let n = now.get(&device).cloned().unwrap_or_default();
         let direct = trace.direct_leak_stacks.get(&device).map(Vec::as_slice).unwrap_or_default();
-        let mut direct_sites = sites(direct, trace, sym);
+        let mut direct_sites = sites_by(direct, trace, sym, frames);
         out.push(PoolReport {
             device,
             allocated_peak_bytes: p.peak_allocated,

@@ -8,7 +8,7 @@ use gpumemtrace_format::MemKind;
 use serde::Serialize;
 
 use super::pools::{PoolAtFailure, PoolReport};
-use super::{cut, growth_sites, locate, sites, GrowthSite, Located, Site};
+use super::{cut, growth_sites, locate, sites_by, GrowthSite, Located, Site};
 use crate::model::{Outcome, Trace};
 use crate::symbolize::{Frame, Symbolizer};
 use crate::units::{count, cuda_result, seconds, size};
@@ -261,9 +261,11 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
 
     let mut groups = Vec::new();
     for (key, g) in trace.groups.iter().filter(|(k, _)| wanted(k.device)) {
-        let mut peak_sites = sites(&g.peak_stacks, trace, &mut sym);
-        let mut leak_sites = sites(&g.leak_stacks, trace, &mut sym);
-        let mut growing = trace.growth.get(key).map(|t| growth_sites(t, trace, &mut sym)).unwrap_or_default();
+        // Sites are told apart by the frames shown of them (--frames).
+        let n = opts.frames;
+        let mut peak_sites = sites_by(&g.peak_stacks, trace, &mut sym, n);
+        let mut leak_sites = sites_by(&g.leak_stacks, trace, &mut sym, n);
+        let mut growing = trace.growth.get(key).map(|t| growth_sites(t, trace, &mut sym, n)).unwrap_or_default();
         groups.push(GroupReport {
             device: key.device,
             kind: key.kind.name(),
@@ -293,7 +295,7 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
     }
     // Per device, its blocks (tensors) first: they are what the program asked for.
     groups.sort_by_key(|g| (g.device, g.kind != MemKind::Block.name()));
-    let pools = super::pools::build(trace, &mut sym, wanted, top);
+    let pools = super::pools::build(trace, &mut sym, wanted, top, opts.frames);
     let devices = trace
         .devices
         .iter()
@@ -328,7 +330,7 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
         .iter()
         .filter(|(k, _)| wanted(k.device))
         .map(|(key, uses)| {
-            let mut sites = sites(uses, trace, &mut sym);
+            let mut sites = sites_by(uses, trace, &mut sym, opts.frames);
             LiveGroupReport {
                 device: key.device,
                 kind: key.kind.name(),
@@ -929,6 +931,76 @@ mod tests {
         // The sample stack is the one that contributed most.
         assert_eq!(leaks[0].frames[0].describe(), "libcudart.so.12+0x2000");
         assert_eq!(leaks[0].frames.last().unwrap().address, 0x9000_0000);
+    }
+
+    /// One allocation function (`alloc_buffer`), two callers: 3 MiB from `caller_a`, 10 MiB from
+    /// `caller_b` (Python frames: symbolized without debug information).
+    pub(crate) fn two_callers() -> TraceBuilder {
+        use gpumemtrace_format::{Event, PyCode, PyFrame, PyStack};
+        let mut b = TraceBuilder::new();
+        for (id, name, file, line) in
+            [(1, "alloc_buffer", "/src/model.py", 10), (2, "caller_a", "/src/train.py", 5), (3, "caller_b", "/src/train.py", 9)]
+        {
+            b.rec(Record::PyCode(PyCode {
+                id,
+                name: name.into(),
+                qualname: name.into(),
+                filename: file.into(),
+                firstlineno: line,
+                ..PyCode::default()
+            }));
+        }
+        let frame = |code| PyFrame { code, instr_offset: 0, flags: 0 };
+        b.rec(Record::PyStack(PyStack { id: 1, frames: vec![frame(1), frame(2)] }))
+            .rec(Record::PyStack(PyStack { id: 2, frames: vec![frame(1), frame(3)] }));
+        for (t, addr, size, pystack) in [(1, 0x1000, 3 << 20, 1), (2, 0x2000, 10 << 20, 2)] {
+            b.rec(Record::Event(Event {
+                api: MALLOC,
+                time_ns: t,
+                addr,
+                size,
+                pystack,
+                tid: 1,
+                ..Event::default()
+            }));
+        }
+        b
+    }
+
+    #[test]
+    fn sites_are_told_apart_by_the_frames_shown() {
+        let b = two_callers();
+        let sites = |frames: usize, json: bool| {
+            let r = report(&b, &Options { frames, json, ..Options::default() });
+            r.groups[0]
+                .peak_sites
+                .iter()
+                .map(|s| {
+                    let shown: Vec<String> =
+                        s.frames[s.site_index..].iter().take(frames).map(|f| f.describe()).collect();
+                    (s.bytes, shown.join(" <- "))
+                })
+                .collect::<Vec<_>>()
+        };
+        // One frame shown: one site, its two callers together.
+        assert_eq!(sites(1, false), [(13 << 20, "alloc_buffer model.py:10".to_string())]);
+        // Two frames shown: each caller with its own bytes, never 13 MiB "from" caller_b.
+        let want = [
+            (10 << 20, "alloc_buffer model.py:10 <- caller_b train.py:9".to_string()),
+            (3 << 20, "alloc_buffer model.py:10 <- caller_a train.py:5".to_string()),
+        ];
+        assert_eq!(sites(2, false), want);
+        assert_eq!(sites(3, true), want, "JSON groups by the same frames");
+        // The terminal says the same.
+        let opts = Options { frames: 2, ..Options::default() };
+        let mut out = Vec::new();
+        render(&report(&b, &opts), &opts, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("    10.0 MiB     1x  alloc_buffer model.py:10\n                     from caller_b train.py:9\n")
+                && text.contains("     3.0 MiB     1x  alloc_buffer model.py:10\n                     from caller_a train.py:5\n"),
+            "{text}"
+        );
     }
 
     #[test]
