@@ -72,14 +72,49 @@ fn one_trace(path: &Path, pid: Option<u32>) -> Result<PathBuf, String> {
     Ok(v.remove(0))
 }
 
+/// The one trace of `path` for a command without --pid (diff): several are an error naming them.
+fn only_trace(path: &Path) -> Result<PathBuf, String> {
+    let mut v = traces_of(&[path.to_path_buf()], None)?;
+    if v.len() > 1 {
+        let names: Vec<String> = v.iter().map(|p| p.display().to_string()).collect();
+        return Err(format!("{} holds {} traces: name the one to compare ({})", path.display(), v.len(), names.join(", ")));
+    }
+    Ok(v.remove(0))
+}
+
 fn filter(device: Option<i32>, phase: Option<String>) -> Filter {
     Filter { device, phase }
 }
 
 fn load(path: &Path, f: &Filter, observe: &mut dyn FnMut(&Step)) -> Result<Trace, String> {
     let t = timeseries::load(path, f, observe)?;
-    let p = path.display();
-    match &t.outcome {
+    let p = crate::input::display(path);
+    warn_outcome(path, &t.outcome);
+    if let Some(ph) = &f.phase {
+        if !t.ext.has_phase(ph) {
+            eprintln!("warning: {p}: no phase named {ph:?} in this trace");
+        }
+    }
+    if let Some(d) = f.device {
+        if !t.ext.alloc_devices.contains(&d) {
+            eprintln!("warning: {p}: no allocation {} in this trace", on(d));
+        }
+    }
+    Ok(t)
+}
+
+/// `on device 0`, `of host memory (device -1)`.
+fn on(device: i32) -> String {
+    if device < 0 {
+        format!("of host memory (device {device})")
+    } else {
+        format!("on device {device}")
+    }
+}
+
+fn warn_outcome(path: &Path, outcome: &Outcome) {
+    let p = crate::input::display(path);
+    match outcome {
         Outcome::Complete => {}
         Outcome::Truncated { offset } => {
             eprintln!("warning: {p}: the trace is truncated at byte {offset}; showing the events before it")
@@ -88,12 +123,6 @@ fn load(path: &Path, f: &Filter, observe: &mut dyn FnMut(&Step)) -> Result<Trace
             eprintln!("warning: {p}: the trace is corrupt at byte {offset} ({message}); showing the events before it")
         }
     }
-    if let Some(ph) = &f.phase {
-        if !t.ext.by_phase.keys().any(|(_, n)| n == ph) && t.ext.spans.iter().all(|s| &s.name != ph) {
-            eprintln!("warning: {p}: no phase named {ph:?} in this trace");
-        }
-    }
-    Ok(t)
 }
 
 /// Writes to the file, or stdout when none.
@@ -236,20 +265,49 @@ fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: 
             return ExitCode::from(2);
         }
     };
-    let mut results = Vec::new();
+    let f = filter(b.device, phase.clone());
+    let mut traces = Vec::new();
     for p in &files {
-        match load(p, &filter(b.device, phase.clone()), &mut |_| {}) {
-            Ok(t) => match check::check(&p.display().to_string(), &t, b) {
-                Ok(r) => results.push(r),
-                Err(e) => {
-                    eprintln!("gpumemtrace check: {}: {e}", p.display());
-                    return ExitCode::from(2);
-                }
-            },
+        match timeseries::load(p, &f, &mut |_| {}) {
+            Ok(t) => {
+                warn_outcome(p, &t.outcome);
+                traces.push((p, t));
+            }
             Err(e) => {
-                eprintln!("gpumemtrace: {e}");
+                eprintln!("gpumemtrace check: {e}");
                 return ExitCode::from(2);
             }
+        }
+    }
+    // Budgets that cannot be judged first (their reason is the more specific one).
+    let mut results = Vec::new();
+    for (p, t) in &traces {
+        match check::check(&crate::input::display(p), t, b) {
+            Ok(r) => results.push(r),
+            Err(e) => {
+                eprintln!("gpumemtrace check: {}: {e}", crate::input::display(p));
+                return ExitCode::from(2);
+            }
+        }
+    }
+    // A filter that matches nothing would pass every budget and gate nothing.
+    let place = if traces.len() == 1 { "the trace".to_string() } else { format!("any of the {} traces", traces.len()) };
+    if let Some(ph) = &phase {
+        if !traces.iter().any(|(_, t)| t.ext.has_phase(ph)) {
+            let mut names: Vec<&str> = traces.iter().flat_map(|(_, t)| t.ext.phase_names.iter().map(String::as_str)).collect();
+            names.sort_unstable();
+            names.dedup();
+            let known = if names.is_empty() {
+                "it has no phases".to_string()
+            } else {
+                let mut v: Vec<String> = names.iter().take(12).map(|n| format!("{n:?}")).collect();
+                if names.len() > 12 {
+                    v.push(format!("and {} more", names.len() - 12));
+                }
+                format!("phases: {}", v.join(", "))
+            };
+            eprintln!("gpumemtrace check: --phase {ph:?} matches nothing: no phase of that name in {place} ({known})");
+            return ExitCode::from(2);
         }
     }
     let mut out = io::stdout().lock();
@@ -263,10 +321,10 @@ fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: 
 
 fn diff_cmd(a: &Path, b: &Path, json: bool, top: Option<usize>, device: Option<i32>, phase: Option<String>) -> Result<(), String> {
     let f = filter(device, phase);
-    let pa = one_trace(a, None)?;
-    let pb = one_trace(b, None)?;
+    let pa = only_trace(a)?;
+    let pb = only_trace(b)?;
     let ta = load(&pa, &f, &mut |_| {})?;
     let tb = load(&pb, &f, &mut |_| {})?;
-    let mut d = diff::diff(&pa.display().to_string(), &ta, &pb.display().to_string(), &tb, device);
+    let mut d = diff::diff(&crate::input::display(&pa), &ta, &crate::input::display(&pb), &tb, device);
     output(None, |w| diff::render(&mut d, top, json, w))
 }

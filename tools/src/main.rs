@@ -4,6 +4,7 @@
 mod autograd;
 mod commands;
 mod growth;
+mod input;
 mod pool;
 mod model;
 mod python;
@@ -172,10 +173,12 @@ Examples:
         json: bool,
     },
     /// What changed between two runs: peaks, leaks, bytes per call site
+    ///
+    /// A and B are trace files, or directories holding one trace each.
     #[command(after_help = "\
 Examples:
   gpumemtrace diff before.trace after.trace
-  gpumemtrace diff --device 0 --top 20 old/ new/        (directories: with --pid each)
+  gpumemtrace diff --device 0 --top 20 old/ new/        (directories of one trace each)
   gpumemtrace diff a.trace b.trace --json | jq '.allocated[0]'")]
     Diff {
         #[arg(value_name = "A")]
@@ -215,7 +218,7 @@ Example:
         #[arg(value_name = "TRACE")]
         trace: PathBuf,
     },
-    /// Run a command with the tracer preloaded, then summarize its traces on stderr
+    /// Run a command with the tracer preloaded, then summarize its traces on stderr (--json: stdout)
     #[command(after_help = "\
 The tracer, libgpumemtrace.so, is looked for next to this executable; set GPUMEMTRACE_LIB
 to use another. Each traced process writes DIR/gpumemtrace-<pid>.trace. The exit code is
@@ -347,13 +350,20 @@ fn main() -> ExitCode {
             report,
             command,
         } => {
+            let opts: summary::Options = report.into();
             let result = run::find_lib().and_then(|lib| {
                 let l = run::Launch {
                     lib,
                     output: output.unwrap_or_else(|| PathBuf::from(".")),
                     command,
                 };
-                run::launch(&l, &report.into(), &mut io::stderr().lock())
+                // JSON is for a pipe (`run --json -- cmd | jq`), after the command's own output;
+                // text goes to stderr, beside it.
+                if opts.json {
+                    run::launch(&l, &opts, &mut io::stdout().lock())
+                } else {
+                    run::launch(&l, &opts, &mut io::stderr().lock())
+                }
             });
             match result {
                 Ok(code) => ExitCode::from(code),

@@ -44,8 +44,8 @@ pub fn find_lib() -> Result<PathBuf, String> {
     }
 }
 
-/// Runs the command traced, summarizes new traces to `report` (stderr: stdout belongs to the
-/// command), and returns the exit code to exit with: the command's own, or 128+N when
+/// Runs the command traced, summarizes new traces to `report` (stderr for text: stdout belongs
+/// to the command; stdout for JSON, after the command's output), and returns the exit code to exit with: the command's own, or 128+N when
 /// signal N killed it.
 pub fn launch(l: &Launch, opts: &Options, report: &mut dyn Write) -> Result<u8, String> {
     let (program, args) = l.command.split_first().ok_or("no command to run")?;
@@ -112,13 +112,22 @@ pub fn launch(l: &Launch, opts: &Options, report: &mut dyn Write) -> Result<u8, 
             "gpumemtrace: no trace appeared in {}: no CUDA allocation calls were seen",
             dir.display()
         );
-        writeln!(report, "{msg}").map_err(|e| e.to_string())?;
+        if opts.json {
+            // The report stays JSON; the reason goes beside it.
+            eprintln!("{msg}");
+            writeln!(report, "{{\"traces\": []}}").map_err(|e| e.to_string())?;
+        } else {
+            writeln!(report, "{msg}").map_err(|e| e.to_string())?;
+        }
     } else {
         let paths: Vec<PathBuf> = new.iter().map(|n| dir.join(n)).collect();
-        // Set the summary apart from whatever the command printed last.
-        writeln!(report).map_err(|e| e.to_string())?;
+        // Set the summary apart from whatever the command printed last (JSON stays parseable).
+        if !opts.json {
+            writeln!(report).map_err(|e| e.to_string())?;
+        }
         summary::run(&paths, opts, report).map_err(|e| e.to_string())?;
     }
+    report.flush().map_err(|e| e.to_string())?;
     Ok(code)
 }
 

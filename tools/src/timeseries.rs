@@ -8,14 +8,14 @@
 //! are capped at [`MAX_SPANS`].
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
 
 use gpumemtrace_format::{Api, Event, Op, Phase, PhaseOp};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::model::{Applied, GroupKey, StackUse, Trace};
+use crate::input::{display, Input};
+use crate::model::{Applied, GroupKey, Outcome, StackUse, Trace};
 
 /// Buckets per series at most.
 pub const MAX_BUCKETS: usize = 4096;
@@ -190,6 +190,17 @@ pub struct TraceExt {
     pub by_phase: BTreeMap<(GroupKey, String), PhaseUse>,
     /// Allocation calls the filter left out.
     pub filtered_out: u64,
+    /// Every phase name the trace has (pushed ranges and marks), whatever the filter.
+    pub phase_names: Vec<String>,
+    /// Devices of every allocation call (-1: host memory), whatever the filter, sorted.
+    pub alloc_devices: Vec<i32>,
+}
+
+impl TraceExt {
+    /// Whether the trace has a phase of this name (with allocations in it or not).
+    pub fn has_phase(&self, name: &str) -> bool {
+        self.phase_names.iter().any(|n| n == name)
+    }
 }
 
 /// Replay state for [`TraceExt`]; lives inside `model::Replay`.
@@ -209,6 +220,9 @@ pub struct ReplayExt {
     /// per event. Named in `finish`.
     by_phase_id: rustc_hash::FxHashMap<(GroupKey, u32), PhaseUse>,
     last_live: u64,
+    /// `TraceExt::alloc_devices`, and the last one seen (most calls repeat it).
+    devices: rustc_hash::FxHashSet<i32>,
+    last_device: Option<i32>,
 }
 
 impl ReplayExt {
@@ -294,6 +308,10 @@ impl ReplayExt {
     /// Whether the filter admits the event (`ns`: its pointer namespace).
     pub fn admit(&mut self, api: &Api, e: &Event, ns: u8) -> bool {
         self.out.end_ns = self.out.end_ns.max(e.time_ns);
+        if api.op == Op::Alloc && self.last_device != Some(e.device) {
+            self.last_device = Some(e.device);
+            self.devices.insert(e.device);
+        }
         if self.filter.device.is_none() && self.filter.phase.is_none() {
             return true;
         }
@@ -385,6 +403,9 @@ impl ReplayExt {
         self.out
             .spans
             .sort_by_key(|a| (a.start_ns, a.depth, a.tid));
+        self.out.phase_names = self.names.clone();
+        self.out.alloc_devices = self.devices.iter().copied().collect();
+        self.out.alloc_devices.sort_unstable();
         for ((key, id), u) in std::mem::take(&mut self.by_phase_id) {
             let name = self.names.get(id as usize).cloned().unwrap_or_default();
             self.out.by_phase.insert((key, name), u);
@@ -405,12 +426,17 @@ impl ReplayExt {
     }
 }
 
-/// Loads `path` with a progress bar on stderr (drawn only when stderr is a terminal and the
-/// file is large enough to wait for).
+/// Loads `path` (`-`: standard input) with a progress bar on stderr (drawn only when stderr is
+/// a terminal and the trace is large enough to wait for).
 pub fn load(path: &Path, filter: &Filter, observe: &mut dyn FnMut(&Step)) -> Result<Trace, String> {
-    let len = std::fs::metadata(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?
-        .len();
+    load_input(&Input::open(path)?, filter, observe)
+}
+
+/// [`load`] from an opened input: a file is read once per pass, a stream was read once into
+/// memory. A trace with nothing readable (an empty file, one that ends inside the header) is an
+/// error: there is nothing to report on, and "no allocations" would say something untrue.
+pub fn load_input(input: &Input, filter: &Filter, observe: &mut dyn FnMut(&Step)) -> Result<Trace, String> {
+    let len = input.len();
     let bar = if len >= 32 << 20 {
         let b = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
         b.set_style(
@@ -422,10 +448,11 @@ pub fn load(path: &Path, filter: &Filter, observe: &mut dyn FnMut(&Step)) -> Res
     } else {
         ProgressBar::hidden()
     };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let p = display(input.path());
+    let name = match input.path().file_name() {
+        Some(n) => n.to_string_lossy().into_owned(),
+        None => p.clone(),
+    };
     let pass = std::cell::Cell::new(0);
     let r = Trace::load_with(
         || {
@@ -435,14 +462,29 @@ pub fn load(path: &Path, filter: &Filter, observe: &mut dyn FnMut(&Step)) -> Res
                 1 => format!("reading {name}"),
                 _ => format!("peaks of {name}"),
             });
-            File::open(path).map(|f| BufReader::with_capacity(1 << 20, bar.wrap_read(f)))
+            input.reader().map(|r| BufReader::with_capacity(1 << 20, bar.wrap_read(r)))
         },
         filter,
         observe,
     )
-    .map_err(|e| format!("{}: {e}", path.display()));
+    .map_err(|e| format!("{p}: {e}"));
     bar.finish_and_clear();
-    r
+    match r {
+        Ok(t) if t.outcome == Outcome::Truncated { offset: 0 } => Err(unreadable(&p, len)),
+        r => r,
+    }
+}
+
+/// Why a trace that stops before its first record cannot be read.
+fn unreadable(path: &str, len: u64) -> String {
+    if len == 0 {
+        format!("{path}: the file is empty, not a trace (the traced process may have died before the tracer wrote anything)")
+    } else {
+        format!(
+            "{path}: the file ends inside the trace header ({len} of {} bytes), not a readable trace",
+            gpumemtrace_format::HEADER_LEN
+        )
+    }
 }
 
 /// The same trace loaded from a directory or file list: `--pid` picks traces by process id.

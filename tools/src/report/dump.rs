@@ -20,10 +20,16 @@ fn namespace(kind: MemKind) -> &'static str {
 /// `{"event": ...}`, `{"notice": ...}`, `{"stats": ...}`; a read error ends the dump with
 /// `{"error": ..., "offset": N}` and a non-zero exit.
 pub fn run(path: &Path, out: &mut impl Write) -> io::Result<bool> {
-    let file = std::fs::File::open(path).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    let name = crate::input::display(path);
+    // One pass: standard input (`-`) streams as it comes.
+    let file: Box<dyn io::Read> = if path.as_os_str() == crate::input::STDIN {
+        Box::new(io::stdin().lock())
+    } else {
+        Box::new(std::fs::File::open(path).map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?)
+    };
     let reader = match Reader::new(io::BufReader::new(file)) {
         Ok(r) => r,
-        Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display()))),
+        Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{name}: {e}"))),
     };
     let mut apis: HashMap<u32, Api> = HashMap::new();
     let mut reader = reader;

@@ -6,13 +6,12 @@
 //! process's memory counts until its trace's last event (traces carry no exit time).
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
-use std::io::{self, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::io::{self, BufReader, Read, Write};
 
 use gpumemtrace_format::{Api, Event, Op, Reader, Record};
 use serde::Serialize;
 
+use crate::input::Input;
 use crate::model::{namespace, occupies_gpu};
 use crate::units::{seconds, size};
 
@@ -49,10 +48,10 @@ pub struct CombinedDevice {
 type LiveAlloc = (i32, u64, u64);
 
 /// One trace being read, with its next event.
-struct Source {
+struct Source<'a> {
     pid: u32,
     start_realtime_ns: u64,
-    reader: Reader<BufReader<File>>,
+    reader: Reader<BufReader<Box<dyn Read + 'a>>>,
     apis: HashMap<u32, Api>,
     next: Option<Event>,
     /// (device, size, time) by address; `displaced` as in the model's replay.
@@ -64,10 +63,11 @@ struct Source {
     local_rank: Option<u32>,
 }
 
-impl Source {
-    fn open(path: &Path) -> Result<Source, String> {
-        let f = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let reader = Reader::new(BufReader::new(f)).map_err(|e| format!("{}: {e}", path.display()))?;
+impl<'a> Source<'a> {
+    fn open(input: &'a Input) -> Result<Source<'a>, String> {
+        let path = input.path().display();
+        let f = input.reader().map_err(|e| format!("{path}: {e}"))?;
+        let reader = Reader::new(BufReader::new(f)).map_err(|e| format!("{path}: {e}"))?;
         let mut s = Source {
             pid: 0,
             start_realtime_ns: 0,
@@ -151,10 +151,10 @@ impl Source {
     }
 }
 
-/// Replays `paths` together. Unreadable files are skipped (the per-trace summaries report them).
-pub fn merge(paths: &[PathBuf]) -> Merged {
-    let mut sources: Vec<(PathBuf, Source)> =
-        paths.iter().filter_map(|p| Source::open(p).ok().map(|s| (p.clone(), s))).collect();
+/// Replays `inputs` together. Unreadable ones are skipped (the per-trace summaries report them).
+pub fn merge(inputs: &[Input]) -> Merged {
+    let mut sources: Vec<(&std::path::Path, Source)> =
+        inputs.iter().filter_map(|i| Source::open(i).ok().map(|s| (i.path(), s))).collect();
     let origin = sources.iter().map(|(_, s)| s.start_realtime_ns).min().unwrap_or(0);
     let mut combined: BTreeMap<i32, CombinedDevice> = BTreeMap::new();
     loop {

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::pools::{PoolAtFailure, PoolReport};
 use super::{cut, growth_sites, locate, sites_by, GrowthSite, Located, Site};
+use crate::input::{self, Input};
 use crate::model::{Outcome, Trace};
 use crate::symbolize::{Frame, Symbolizer};
 use crate::units::{count, cuda_result, seconds, size};
@@ -203,11 +204,23 @@ pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result
     let mut reports = Vec::new();
     let mut all_read = true;
     let filter = crate::timeseries::Filter { device: None, phase: opts.phase.clone() };
+    // Each input is opened once: a pipe (`-`, /dev/stdin) is read into memory then, and both
+    // the per-trace replay and the merged one read it from there.
+    let mut inputs = Vec::new();
     for path in paths {
-        match crate::timeseries::load(path, &filter, &mut |_| {}) {
+        match Input::open(path) {
+            Ok(input) => inputs.push(input),
+            Err(e) => {
+                eprintln!("gpumemtrace: {e}");
+                all_read = false;
+            }
+        }
+    }
+    for input in &inputs {
+        match crate::timeseries::load_input(input, &filter, &mut |_| {}) {
             Ok(trace) => {
-                warn_outcome(path, &trace.outcome);
-                reports.push(build(path, &trace, &mut sym, opts));
+                warn_outcome(input.path(), &trace.outcome);
+                reports.push(build(input.path(), &trace, &mut sym, opts));
             }
             Err(e) => {
                 eprintln!("gpumemtrace: {e}");
@@ -215,7 +228,7 @@ pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result
             }
         }
     }
-    let merged = (paths.len() > 1).then(|| super::merged::merge(paths));
+    let merged = (paths.len() > 1).then(|| super::merged::merge(&inputs));
     if opts.json {
         serde_json::to_writer_pretty(&mut *out, &Json { traces: &reports, merged })?;
         writeln!(out)?;
@@ -235,7 +248,7 @@ pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result
 }
 
 fn warn_outcome(path: &Path, outcome: &Outcome) {
-    let p = path.display();
+    let p = input::display(path);
     match outcome {
         Outcome::Complete => {}
         Outcome::Truncated { offset } => eprintln!(
@@ -370,7 +383,7 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
         ),
     };
     TraceReport {
-        path: path.display().to_string(),
+        path: input::display(path),
         pid: process.pid,
         exe: process.exe,
         args: process.args,

@@ -1,0 +1,244 @@
+//! Reports that never mislead: the CLI on hand-built traces where an answer could be wrong in a
+//! way a reader would not notice (a pipe read twice, a filter that matches nothing, an empty
+//! file passing a CI gate, output on the wrong stream).
+
+mod common;
+use common::*;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use gpumemtrace_format::{header, Api, Encoder, Event, MemKind, Op, Phase, PhaseOp, Process, Record, Stack};
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+const MALLOC: u32 = 1;
+const FREE: u32 = 2;
+const MALLOC_HOST: u32 = 3;
+
+/// A trace in memory: header, Process, Api table, then what is added.
+struct Trace {
+    bytes: Vec<u8>,
+    enc: Encoder,
+}
+
+impl Trace {
+    fn new() -> Trace {
+        let mut t = Trace { bytes: header().to_vec(), enc: Encoder::new() };
+        t.rec(Record::Process(Process {
+            pid: 4321,
+            ppid: 1,
+            exe: "/usr/bin/app".into(),
+            args: vec!["app".into()],
+            max_frames: 32,
+            ..Process::default()
+        }));
+        for (id, name, kind, op) in [
+            (MALLOC, "cudaMalloc", MemKind::Device, Op::Alloc),
+            (FREE, "cudaFree", MemKind::Device, Op::Free),
+            (MALLOC_HOST, "cudaMallocHost", MemKind::HostPinned, Op::Alloc),
+        ] {
+            t.rec(Record::Api(Api { id, name: name.into(), kind, op }));
+        }
+        t
+    }
+
+    fn rec(&mut self, r: Record) -> &mut Self {
+        self.enc.encode(&r, &mut self.bytes);
+        self
+    }
+
+    fn event(&mut self, api: u32, t: u64, device: i32, addr: u64, size: u64, stack: u32) -> &mut Self {
+        self.rec(Record::Event(Event { api, time_ns: t, device, addr, size, stack, tid: 1, ..Event::default() }))
+    }
+
+    fn phase(&mut self, t: u64, op: PhaseOp, name: &str) -> &mut Self {
+        self.rec(Record::Phase(Phase { time_ns: t, tid: 1, op, name: name.into() }))
+    }
+
+    fn write(&self, path: &Path) {
+        std::fs::write(path, &self.bytes).unwrap();
+    }
+}
+
+/// Device 0 peaks in the middle of the run (the second pass snapshots it there), then frees
+/// most of it; host memory too; a "train" phase.
+fn sample() -> Trace {
+    let mut t = Trace::new();
+    t.rec(Record::Stack(Stack { id: 1, frames: vec![0x1000, 0x2000] }))
+        .rec(Record::Stack(Stack { id: 2, frames: vec![0x3000] }))
+        .event(MALLOC, 10, 0, 0xa000, 64 * MIB, 1)
+        .phase(20, PhaseOp::Push, "train")
+        .event(MALLOC, 30, 0, 0xb000, 32 * MIB, 2)
+        .event(MALLOC, 40, 0, 0xc000, 16 * MIB, 2)
+        .event(FREE, 50, 0, 0xb000, 0, 2)
+        .event(FREE, 60, 0, 0xc000, 0, 2)
+        .phase(70, PhaseOp::Pop, "")
+        .event(MALLOC_HOST, 80, -1, 0x7000, 4, 1);
+    t
+}
+
+fn gmt(args: &[&str]) -> Output {
+    Command::new(cli()).args(args).output().unwrap()
+}
+
+/// `gpumemtrace ARGS` with `input` on its standard input.
+fn gmt_stdin(args: &[&str], input: &[u8]) -> Output {
+    let mut child = Command::new(cli())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    // Written from another thread: a pipe holds 64 KiB, and the CLI reads while we write.
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    out
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> Value {
+    assert!(o.status.success(), "{}", stderr(o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+fn without_path(mut v: Value) -> Value {
+    for t in v["traces"].as_array_mut().unwrap() {
+        t["path"] = Value::Null;
+    }
+    v
+}
+
+#[test]
+fn summary_of_a_pipe_equals_summary_of_the_file() {
+    let dir = scratch("stdin");
+    let t = sample();
+    let file = dir.join("app.trace");
+    t.write(&file);
+    let from_file = json(&gmt(&["summary", "--json", s(&file)]));
+    assert_eq!(from_file["traces"][0]["groups"][1]["peak_bytes"], 112 * MIB, "{from_file}");
+    for name in ["-", "/dev/stdin"] {
+        let from_pipe = json(&gmt_stdin(&["summary", "--json", name], &t.bytes));
+        assert_eq!(without_path(from_pipe.clone()), without_path(from_file.clone()), "{name}");
+        let text = gmt_stdin(&["summary", "--frames", "2", name], &t.bytes);
+        let file_text = gmt(&["summary", "--frames", "2", s(&file)]);
+        let body = |o: &Output| String::from_utf8_lossy(&o.stdout).lines().skip(1).collect::<Vec<_>>().join("\n");
+        assert_eq!(body(&text), body(&file_text), "{name}");
+        assert!(body(&text).contains("peak 112.0 MiB (3 live)"), "{}", body(&text));
+    }
+    // The other reports read a pipe once too.
+    let folded_file = gmt(&["flamegraph", "--folded", s(&file)]);
+    let folded_pipe = gmt_stdin(&["flamegraph", "--folded", "-"], &t.bytes);
+    assert!(folded_file.status.success() && !folded_file.stdout.is_empty(), "{}", stderr(&folded_file));
+    assert_eq!(folded_pipe.stdout, folded_file.stdout, "{}", stderr(&folded_pipe));
+    // Several inputs, one of them a pipe: the processes together as well.
+    let other = dir.join("other.trace");
+    sample().write(&other);
+    let both = json(&gmt_stdin(&["summary", "--json", "-", s(&other)], &t.bytes));
+    assert_eq!(both["merged"]["processes"].as_array().unwrap().len(), 2, "{both}");
+    assert_eq!(both["merged"]["devices"][0]["peak_bytes"], 224 * MIB, "{both}");
+}
+
+/// `check` with one budget that `sample()` keeps.
+fn check(args: &[&str]) -> Output {
+    let mut v = vec!["check", "--max-peak", "1GiB"];
+    v.extend_from_slice(args);
+    gmt(&v)
+}
+
+#[test]
+fn check_refuses_traces_it_cannot_read_and_filters_that_match_nothing() {
+    let dir = scratch("check-unreadable");
+    let good = dir.join("good.trace");
+    sample().write(&good);
+    assert_eq!(check(&[s(&good)]).status.code(), Some(0), "{}", stderr(&check(&[s(&good)])));
+
+    let cases: [(&str, &[u8], &str); 3] = [
+        ("empty.trace", b"", "the file is empty"),
+        ("short.trace", &header()[..7], "ends inside the trace header (7 of 12 bytes)"),
+        ("script.trace", b"#!/bin/sh\necho hello, not a trace\n", "not a gpumemtrace trace"),
+    ];
+    for (name, bytes, why) in cases {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        let o = check(&[s(&p)]);
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", String::from_utf8_lossy(&o.stdout));
+        assert!(stderr(&o).contains(why), "{name}: {}", stderr(&o));
+        assert!(!String::from_utf8_lossy(&o.stdout).contains("ok"), "{name}");
+        // Among readable traces, too.
+        assert_eq!(check(&[s(&good), s(&p)]).status.code(), Some(2), "{name}");
+    }
+
+    let o = check(&[s(&good), "--phase", "trian"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--phase \"trian\" matches nothing") && stderr(&o).contains("\"train\""), "{}", stderr(&o));
+    // Filters that match: judged as usual, a failed check still exits 1.
+    assert_eq!(check(&[s(&good), "--phase", "train", "--device", "0"]).status.code(), Some(0));
+    assert_eq!(check(&[s(&good), "--device", "-1"]).status.code(), Some(0));
+    let o = gmt(&["check", s(&good), "--phase", "train", "--max-peak", "40MiB"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("peak GPU memory 48.0 MiB exceeds --max-peak 40.0 MiB"));
+}
+
+fn trace_file(name: &str) -> PathBuf {
+    let p = scratch(name).join("src.trace");
+    sample().write(&p);
+    p
+}
+
+#[test]
+fn run_json_prints_to_stdout() {
+    let src = trace_file("run-json-src");
+    let out_dir = scratch("run-json");
+    // A stand-in for the traced program: it writes a trace where the library would.
+    let script = format!(r#"cp {} "${{GPUMEMTRACE_OUTPUT}}gpumemtrace-77.trace"; echo program output"#, src.display());
+    let o = Command::new(cli())
+        .args(["run", "--json", "--output", s(&out_dir), "--", "sh", "-c", &script])
+        .env("GPUMEMTRACE_LIB", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let (program, report) = stdout.split_once('\n').unwrap();
+    assert_eq!(program, "program output");
+    let v: Value = serde_json::from_str(report).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(v["traces"][0]["pid"], 4321);
+    assert!(!stderr(&o).contains("\"traces\""), "{}", stderr(&o));
+
+    // Text stays on stderr: stdout is the program's.
+    let o = Command::new(cli())
+        .args(["run", "--output", s(&out_dir), "--", "sh", "-c", &script.replace("77", "78")])
+        .env("GPUMEMTRACE_LIB", "/dev/null")
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "program output\n");
+    assert!(stderr(&o).contains("gpumemtrace-78.trace: pid 4321"), "{}", stderr(&o));
+}
+
+#[test]
+fn diff_offers_only_options_it_has() {
+    let help = String::from_utf8(gmt(&["diff", "--help"]).stdout).unwrap();
+    assert!(!help.contains("--pid"), "{help}");
+    assert!(gmt(&["diff", "--pid", "1", "a", "b"]).status.code() == Some(2));
+    // A directory of several traces names its files, not an option diff lacks.
+    let dir = scratch("diff-dir");
+    sample().write(&dir.join("gpumemtrace-1.trace"));
+    sample().write(&dir.join("gpumemtrace-2.trace"));
+    let o = gmt(&["diff", s(&dir), s(&dir.join("gpumemtrace-1.trace"))]);
+    assert!(!o.status.success());
+    assert!(!stderr(&o).contains("--pid") && stderr(&o).contains("gpumemtrace-2.trace"), "{}", stderr(&o));
+}
