@@ -186,6 +186,17 @@ fn check_refuses_traces_it_cannot_read_and_filters_that_match_nothing() {
     let o = check(&[s(&good), "--phase", "trian"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--phase \"trian\" matches nothing") && stderr(&o).contains("\"train\""), "{}", stderr(&o));
+    let o = check(&[s(&good), "--device", "3"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("no allocation on device 3") && stderr(&o).contains("device 0, host memory"), "{}", stderr(&o));
+    let no_host = dir.join("no-host.trace");
+    let mut t = Trace::new();
+    t.event(MALLOC, 1, 0, 0x1000, 10, 0);
+    t.write(&no_host);
+    let o = check(&[s(&no_host), "--device", "-1"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("no allocation of host memory (device -1)"), "{}", stderr(&o));
+
     // Filters that match: judged as usual, a failed check still exits 1.
     assert_eq!(check(&[s(&good), "--phase", "train", "--device", "0"]).status.code(), Some(0));
     assert_eq!(check(&[s(&good), "--device", "-1"]).status.code(), Some(0));

@@ -310,6 +310,20 @@ fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: 
             return ExitCode::from(2);
         }
     }
+    if let Some(d) = b.device {
+        if !traces.iter().any(|(_, t)| t.ext.alloc_devices.contains(&d)) {
+            let mut devs: Vec<i32> = traces.iter().flat_map(|(_, t)| t.ext.alloc_devices.iter().copied()).collect();
+            devs.sort_unstable_by_key(|&d| (d < 0, d));
+            devs.dedup();
+            let known = if devs.is_empty() {
+                "it has no allocations".to_string()
+            } else {
+                format!("allocations: {}", devs.iter().map(|&d| crate::units::place(d)).collect::<Vec<_>>().join(", "))
+            };
+            eprintln!("gpumemtrace check: --device {d} matches nothing: no allocation {} in {place} ({known})", on(d));
+            return ExitCode::from(2);
+        }
+    }
     let mut out = io::stdout().lock();
     let _ = check::render(&results, json, &mut out).and_then(|_| out.flush());
     if results.iter().all(|r| r.ok) {

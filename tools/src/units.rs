@@ -15,6 +15,15 @@ pub fn size(bytes: u64) -> String {
     format!("{v:.1} {}", UNITS[unit])
 }
 
+/// Where memory of a trace's `device` lies: `device 0`, or `host memory` (device -1).
+pub fn place(device: i32) -> String {
+    if device < 0 {
+        "host memory".to_string()
+    } else {
+        format!("device {device}")
+    }
+}
+
 /// `1 allocation`, `2 allocations`.
 pub fn count(n: impl Into<u64>, noun: &str) -> String {
     let n = n.into();
