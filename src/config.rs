@@ -1,5 +1,6 @@
 //! Configuration from the environment, read once when tracing starts. Invalid values are
 //! reported on stderr (once) and replaced by the default; they never stop the host program.
+//! Every environment variable the shim reads is read here. Depends on nothing else in the crate.
 
 /// Default native stack depth.
 pub const DEFAULT_FRAMES: usize = 64;
@@ -28,6 +29,10 @@ pub struct Config {
     /// they are the interpreter's own (the Python stack says what ran there), and walking them
     /// is most of an event's cost under PyTorch.
     pub interpreter_frames: bool,
+    /// `GPUMEMTRACE_UNWINDER=backtrace`: native stacks by libgcc's unwinder (the `backtrace`
+    /// crate: the reference, ~100 ns a frame) instead of the fast one (cached DWARF rules,
+    /// src/fastunwind.rs; the default, x86-64 only).
+    pub backtrace_unwinder: bool,
 }
 
 /// A switch's value, `None` when it is neither on nor off.
@@ -84,6 +89,7 @@ impl Config {
         let python = flag("GPUMEMTRACE_PYTHON", true, "Python stacks stay on");
         let interpreter_frames = flag("GPUMEMTRACE_INTERPRETER_FRAMES", false, "the interpreter's native frames are left out");
         let output = get("GPUMEMTRACE_OUTPUT").filter(|s| !s.is_empty());
+        let backtrace_unwinder = get("GPUMEMTRACE_UNWINDER").is_some_and(|v| v == "backtrace");
         Config {
             output,
             max_frames,
@@ -95,8 +101,15 @@ impl Config {
             test_panic_at: number("GPUMEMTRACE_TEST_PANIC_AT", 10, u64::MAX, 0),
             python,
             interpreter_frames,
+            backtrace_unwinder,
         }
     }
+}
+
+/// `GPUMEMTRACE_DISABLE` as NVTX's injection reads it when the program makes its first NVTX
+/// call (possibly before tracing starts): true only for an explicit "on"; no warning.
+pub fn disabled_for_nvtx() -> bool {
+    std::env::var("GPUMEMTRACE_DISABLE").ok().and_then(|v| parse_flag(&v)) == Some(true)
 }
 
 #[cfg(test)]
@@ -161,6 +174,8 @@ mod tests {
         }
         let (c, w) = cfg(&[("GPUMEMTRACE_DISABLE", ""), ("GPUMEMTRACE_PYTHON", " ")]);
         assert!(!c.disabled && c.python && w.is_empty(), "empty means the default");
+        assert!(cfg(&[("GPUMEMTRACE_UNWINDER", "backtrace")]).0.backtrace_unwinder);
+        assert!(!cfg(&[("GPUMEMTRACE_UNWINDER", "fast")]).0.backtrace_unwinder);
         let (c, w) = cfg(&[("GPUMEMTRACE_INTERPRETER_FRAMES", "2")]);
         assert!(!c.interpreter_frames);
         assert!(w[0].contains("GPUMEMTRACE_INTERPRETER_FRAMES"), "{w:?}");

@@ -197,8 +197,7 @@ unsafe fn install(get: GetModuleFunctionTable, module: c_int, slots: &[(usize, u
 #[no_mangle]
 pub unsafe extern "C" fn InitializeInjectionNvtx2(get_export_table: Option<GetExportTable>) -> c_int {
     let Some(get) = get_export_table else { return 0 };
-    let disabled = std::env::var("GPUMEMTRACE_DISABLE").ok().and_then(|v| crate::config::parse_flag(&v));
-    if disabled == Some(true) {
+    if crate::config::disabled_for_nvtx() {
         return 0;
     }
     let r = std::panic::catch_unwind(|| {

@@ -2,7 +2,7 @@
 //! Symbolization happens later, in the CLI.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use once_cell::sync::OnceCell;
 
@@ -22,21 +22,17 @@ fn ours() -> &'static [(u64, u64)] {
     })
 }
 
-/// Which unwinder: `GPUMEMTRACE_UNWINDER=fast` (default; cached DWARF rules, src/fastunwind.rs)
-/// or `backtrace` (libgcc through the `backtrace` crate: the reference, ~100 ns a frame).
+/// Whether the fast unwinder (cached DWARF rules, src/fastunwind.rs) takes stacks, else libgcc's
+/// (see `Config::backtrace_unwinder`): set when tracing starts.
+static FAST: AtomicBool = AtomicBool::new(cfg!(target_arch = "x86_64"));
+
+/// Chooses the unwinder (when tracing starts); the fast one exists on x86-64 only.
+pub fn set_backtrace(backtrace: bool) {
+    FAST.store(cfg!(target_arch = "x86_64") && !backtrace, Relaxed);
+}
+
 fn use_fast() -> bool {
-    // 0: not read yet, 1: fast, 2: backtrace.
-    static MODE: AtomicU8 = AtomicU8::new(0);
-    match MODE.load(Relaxed) {
-        1 => true,
-        2 => false,
-        _ => {
-            let slow = std::env::var_os("GPUMEMTRACE_UNWINDER").is_some_and(|v| v == "backtrace");
-            let fast = cfg!(target_arch = "x86_64") && !slow;
-            MODE.store(if fast { 1 } else { 2 }, Relaxed);
-            fast
-        }
-    }
+    FAST.load(Relaxed)
 }
 
 /// Keys this thread has sent: a direct-mapped set (a lost slot only means frames are sent again).
