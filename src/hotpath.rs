@@ -19,10 +19,10 @@ use gpumemtrace_format::{event_flags, Op};
 use crate::cuda::{C10Device, Status, C10_CUDA, SUCCESS};
 use crate::guard::Guard;
 use crate::record::{RawEvent, Stack};
-use crate::table::Id;
 use crate::{clock, resolve, thread, tracer, unwind};
 
-pub fn traced(id: Id, call: impl FnOnce() -> Status, describe: impl FnOnce(Status) -> Option<Fields>) -> Status {
+/// A call of API number `api` (its index in the hook table) that allocates or frees (`op`).
+pub fn traced(api: u32, op: Op, call: impl FnOnce() -> Status, describe: impl FnOnce(Status) -> Option<Fields>) -> Status {
     let Some(_guard) = Guard::enter() else {
         return call();
     };
@@ -32,7 +32,7 @@ pub fn traced(id: Id, call: impl FnOnce() -> Status, describe: impl FnOnce(Statu
     // A free is ordered (numbered and timed) before its real call, an allocation after it: then
     // an address freed on one thread and handed out again on another is always written free
     // first (see `clock::next_seq`). Free lines of the table do not read the result.
-    let is_free = matches!(id.info().event, Some((_, Op::Free)));
+    let is_free = matches!(op, Op::Free);
     let mut before = None;
     if is_free {
         match catch_unwind(AssertUnwindSafe(|| describe(SUCCESS).map(|f| (f, clock::next_seq(), clock::now_ns())))) {
@@ -41,14 +41,14 @@ pub fn traced(id: Id, call: impl FnOnce() -> Status, describe: impl FnOnce(Statu
         }
         let result = call();
         if let Some((fields, seq, time)) = before {
-            guarded_record(id, result, fields, seq, time);
+            guarded_record(api, result, fields, seq, time);
         }
         return result;
     }
     let result = call();
     let recorded = catch_unwind(AssertUnwindSafe(|| {
         if let Some(fields) = describe(result) {
-            record(id, result, fields, clock::next_seq(), clock::now_ns());
+            record(api, result, fields, clock::next_seq(), clock::now_ns());
         }
     }));
     report_panic(recorded);
@@ -56,9 +56,10 @@ pub fn traced(id: Id, call: impl FnOnce() -> Status, describe: impl FnOnce(Statu
 }
 
 /// A caching allocator's report of one block (`table`'s `reports`): `size` > 0 hands the block
-/// out, < 0 takes it back. Only GPU blocks are recorded (PyTorch reports CPU memory here too);
-/// `forward` always runs, with the caller's exact arguments.
-pub fn block(ptr: u64, size: i64, device: C10Device, totals: Option<(u64, u64)>, forward: impl FnOnce()) {
+/// out, < 0 takes it back. Only GPU blocks are recorded (PyTorch reports CPU memory here too),
+/// as API number `apis.0` (allocation) or `apis.1` (free); `forward` always runs, with the
+/// caller's exact arguments.
+pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: Option<(u64, u64)>, forward: impl FnOnce()) {
     let Some(_guard) = Guard::enter() else {
         return forward();
     };
@@ -87,7 +88,7 @@ pub fn block(ptr: u64, size: i64, device: C10Device, totals: Option<(u64, u64)>,
             Ok((seq, time, flags)) => report_panic(catch_unwind(AssertUnwindSafe(|| {
                 if tracer::ensure_started() {
                     let device = fields.device.unwrap_or(-1);
-                    tracer::submit(bare_event(Id::block_free, SUCCESS, fields, device, seq, time, flags));
+                    tracer::submit(bare_event(apis.1, SUCCESS, fields, device, seq, time, flags));
                 }
             }))),
             Err(_) => tracer::disable("internal error while describing a block free"),
@@ -96,15 +97,15 @@ pub fn block(ptr: u64, size: i64, device: C10Device, totals: Option<(u64, u64)>,
     }
     forward();
     report_panic(catch_unwind(AssertUnwindSafe(|| {
-        record(Id::block_alloc, SUCCESS, fields, clock::next_seq(), clock::now_ns())
+        record(apis.0, SUCCESS, fields, clock::next_seq(), clock::now_ns())
     })));
 }
 
 /// An event without stacks (`record` adds them).
-fn bare_event(id: Id, result: Status, f: Fields, device: i32, seq: u64, time: u64, flags: u32) -> RawEvent {
+fn bare_event(api: u32, result: Status, f: Fields, device: i32, seq: u64, time: u64, flags: u32) -> RawEvent {
     RawEvent {
         seq,
-        api: id as u32,
+        api,
         time_ns: time,
         tid: thread::thread_id(),
         result: result as u32,
@@ -124,8 +125,8 @@ fn bare_event(id: Id, result: Status, f: Fields, device: i32, seq: u64, time: u6
     }
 }
 
-fn guarded_record(id: Id, result: Status, f: Fields, seq: u64, time: u64) {
-    report_panic(catch_unwind(AssertUnwindSafe(|| record(id, result, f, seq, time))));
+fn guarded_record(api: u32, result: Status, f: Fields, seq: u64, time: u64) {
+    report_panic(catch_unwind(AssertUnwindSafe(|| record(api, result, f, seq, time))));
 }
 
 fn report_panic(recorded: std::thread::Result<()>) {
@@ -139,7 +140,7 @@ fn report_panic(recorded: std::thread::Result<()>) {
     }
 }
 
-fn record(id: Id, result: Status, f: Fields, seq: u64, time: u64) {
+fn record(api: u32, result: Status, f: Fields, seq: u64, time: u64) {
     if !tracer::ensure_started() {
         return;
     }
@@ -165,7 +166,7 @@ fn record(id: Id, result: Status, f: Fields, seq: u64, time: u64) {
         py,
         py_key,
         py_tstate,
-        ..bare_event(id, result, f, device, seq, time, flags)
+        ..bare_event(api, result, f, device, seq, time, flags)
     };
     tracer::submit(event);
     if !known.is_empty() {

@@ -130,7 +130,7 @@ macro_rules! hook_table {
                 let (ptr, size, device, totals) = $breport;
                 // SAFETY: forwards the caller's arguments unchanged (the allocator's own
                 // profiler listens behind the real function).
-                crate::hotpath::block(ptr as u64, size, device, totals, || {
+                crate::hotpath::block(BLOCK_APIS, ptr as u64, size, device, totals, || {
                     if let Some(real) = real {
                         unsafe { real($($barg),*) }
                     }
@@ -149,7 +149,7 @@ macro_rules! hook_table {
                 };
                 // SAFETY: forwards the caller's arguments unchanged; `$fields` reads
                 // out-parameters only after the call succeeded (see `hotpath::out`).
-                traced(Id::$name, || unsafe { real($($arg),*) }, |$r| unsafe { $fields })
+                traced(Id::$name as u32, Op::$op, || unsafe { real($($arg),*) }, |$r| unsafe { $fields })
             }
         )*
     };
@@ -246,6 +246,9 @@ hook_table! {
         Allocator block_free Block Free "c10::reportMemoryUsageToProfiler(-)";
     }
 }
+
+/// The API numbers the reports record: a block handed out, a block taken back.
+const BLOCK_APIS: (u32, u32) = (Id::block_alloc as u32, Id::block_free as u32);
 
 /// Bytes of a pitched allocation: the pitch the call chose times the rows, or the request.
 unsafe fn pitched(r: Status, pitch: *mut usize, width: usize, height: usize, depth: usize) -> u64 {
