@@ -168,11 +168,8 @@ fn flamegraph_cmd(sel: &Select, of: flamegraph::Of, level: flamegraph::Level, fo
     } else {
         "GPU memory"
     };
-    let mut title = format!("{memory} {what}: {exe}");
-    if let Some(p) = &sel.phase {
-        title.push_str(&format!(", phase {p}"));
-    }
-    output(out, |w| flamegraph::svg(&lines, &title, w))
+    let (title, subtitle) = flamegraph::titles(&stacks, memory, what, &exe, sel.phase.as_deref());
+    output(out, |w| flamegraph::svg(&lines, &title, &subtitle, w))
 }
 
 fn export_cmd(

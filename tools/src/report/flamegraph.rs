@@ -16,6 +16,7 @@ use crate::model::{GroupKey, StackUse, Trace};
 use crate::symbolize::{Frame, TraceSymbolizer};
 use crate::units::size;
 
+
 /// Which bytes a flame graph shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Of {
@@ -48,8 +49,12 @@ pub enum Level {
 }
 
 /// Whether `key`'s group is drawn at `level`. Without blocks there is one level: all of it.
-/// Memory of no device (pinned host memory, address reservations) is driver level.
+/// Host memory is driver level. Memory is drawn once: VMM mappings point at the physical
+/// memory drawn already (`cuMemCreate`'s stacks), and address reservations are no memory at all.
 pub fn shown(trace: &Trace, key: &GroupKey, level: Level) -> bool {
+    if matches!(key.kind, MemKind::VmmMapped | MemKind::VmmReserved) {
+        return false;
+    }
     if trace.pools.is_empty() {
         return true;
     }
@@ -125,8 +130,9 @@ pub fn frame_name(f: &Frame) -> String {
     s.replace(';', ":").replace('\n', " ")
 }
 
+/// The root of a group's stacks: `device 0: device`, `host memory: host-pinned`.
 pub fn group_name(key: &GroupKey) -> String {
-    format!("device {}: {}", key.device, key.kind.name())
+    format!("{}: {}", crate::units::place(key.device), key.kind.name())
 }
 
 /// Folded stacks: one line per stack, `root;outer;...;site bytes`, merged when equal.
@@ -146,17 +152,43 @@ pub fn folded(stacks: &[Weighted]) -> Vec<String> {
     merged.into_iter().map(|(l, b)| format!("{l} {b}")).collect()
 }
 
+/// The picture's title and subtitle. The subtitle's total is the sum of the stacks' bytes (the
+/// width of the whole picture), in bytes exactly, and per device and host memory when there
+/// are several: the title calls GPU memory GPU memory, and host memory is said apart.
+pub fn titles(stacks: &[Weighted], memory: &str, what: &str, exe: &str, phase: Option<&str>) -> (String, String) {
+    let mut by_place: std::collections::BTreeMap<(bool, i32), u64> = Default::default();
+    for w in stacks {
+        *by_place.entry((w.key.device < 0, w.key.device)).or_default() += w.bytes;
+    }
+    let total: u64 = by_place.values().sum();
+    let host: u64 = by_place.iter().filter(|((h, _), _)| *h).map(|(_, b)| b).sum();
+    let mut title = if host > 0 && host == total {
+        format!("Host memory {what}: {exe}")
+    } else {
+        format!("{memory} {what}: {exe}")
+    };
+    if let Some(p) = phase {
+        title.push_str(&format!(", phase {p}"));
+    }
+    if host > 0 && host < total {
+        title.push_str(&format!(" (and {} of host memory)", size(host)));
+    }
+    let mut sub = format!("{} in total ({} bytes)", size(total), total);
+    if by_place.len() > 1 {
+        let parts: Vec<String> = by_place.iter().map(|(&(_, d), &b)| format!("{} {}", crate::units::place(d), size(b))).collect();
+        sub.push_str(&format!(": {}", parts.join(" + ")));
+    }
+    sub.push_str("; width = bytes");
+    (title, sub)
+}
+
 /// Writes the flame graph SVG.
-pub fn svg(lines: &[String], title: &str, out: &mut dyn Write) -> io::Result<()> {
+pub fn svg(lines: &[String], title: &str, subtitle: &str, out: &mut dyn Write) -> io::Result<()> {
     let mut opts = inferno::flamegraph::Options::default();
     opts.title = title.to_string();
     opts.count_name = "bytes".to_string();
     opts.name_type = "Stack:".to_string();
-    let total: u64 = lines
-        .iter()
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
-        .sum();
-    opts.subtitle = Some(format!("{} in total; width = bytes", size(total)));
+    opts.subtitle = Some(subtitle.to_string());
     if lines.is_empty() {
         // inferno refuses empty input; an empty picture says more than an error.
         opts.subtitle = Some("no bytes to show".into());
@@ -166,4 +198,63 @@ pub fn svg(lines: &[String], title: &str, out: &mut dyn Write) -> io::Result<()>
     }
     inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), out)
         .map_err(io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tests::*;
+    use crate::symbolize::Symbolizer;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn the_title_totals_exactly_the_bytes_drawn_and_says_host_memory_apart() {
+        // 128 MiB on device 0 at its peak, 2 MiB of pinned host memory, and 4 MiB of VMM
+        // physical memory mapped once into a 1 GiB reservation.
+        let mut b = TraceBuilder::new();
+        b.stack(1, &[0x100])
+            .stack(2, &[0x200])
+            .ok(MALLOC, 1, 0x1000, 64 * MIB, 1)
+            .ok(MALLOC, 2, 0x2000, 64 * MIB, 2)
+            .call(MALLOC_HOST, 3, -1, 0x3000, 2 * MIB, 1, 0)
+            .ok(MEM_CREATE, 4, 0x10, 4 * MIB, 2)
+            .call(ADDRESS_RESERVE, 5, -1, 0x4000_0000, 1 << 30, 2, 0)
+            .rec(gpumemtrace_format::Record::Event(gpumemtrace_format::Event {
+                api: MEM_MAP,
+                time_ns: 6,
+                addr: 0x4000_0000,
+                size: 4 * MIB,
+                extra: 0x10,
+                stack: 2,
+                tid: 1,
+                ..Default::default()
+            }));
+        let t = b.load();
+        let mut sym = Symbolizer::new();
+        let mut sym = sym.for_trace(&t.modules);
+        let stacks = weighted(&t, &mut sym, Of::Peak, None, Level::Blocks);
+        let lines = folded(&stacks);
+        let roots: Vec<&str> = lines.iter().map(|l| l.split(';').next().unwrap()).collect();
+        // The mapping is the physical memory again, the reservation no memory: neither is drawn.
+        assert_eq!(roots, ["device 0: device", "device 0: device", "device 0: vmm-physical", "host memory: host-pinned"]);
+        let drawn: u64 = lines.iter().map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum();
+        assert_eq!(drawn, 134 * MIB);
+
+        let (title, sub) = titles(&stacks, "GPU memory", "live at the peak", "demo", None);
+        assert_eq!(title, "GPU memory live at the peak: demo (and 2.0 MiB of host memory)");
+        assert_eq!(sub, format!("134.0 MiB in total ({} bytes): device 0 132.0 MiB + host memory 2.0 MiB; width = bytes", 134 * MIB));
+        let mut svg_out = Vec::new();
+        svg(&lines, &title, &sub, &mut svg_out).unwrap();
+        let text = String::from_utf8(svg_out).unwrap();
+        assert!(text.contains(&sub), "the subtitle is drawn");
+        // inferno's root frame, the picture's width, says the same total.
+        assert!(text.contains("all (140,509,184 bytes, 100%)"), "{}", &text[..text.len().min(3000)]);
+
+        // Host memory alone is not called GPU memory; one place needs no breakdown.
+        let host: Vec<Weighted> = stacks.into_iter().filter(|w| w.key.device < 0).collect();
+        let (title, sub) = titles(&host, "GPU memory", "live at the peak", "demo", Some("train"));
+        assert_eq!(title, "Host memory live at the peak: demo, phase train");
+        assert_eq!(sub, format!("2.0 MiB in total ({} bytes); width = bytes", 2 * MIB));
+    }
 }
