@@ -22,6 +22,7 @@ mod exec;
 mod fastunwind;
 mod cuda;
 mod guard;
+mod hooks;
 mod hotpath;
 mod modules;
 mod nvtx;

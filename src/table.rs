@@ -1,21 +1,27 @@
 //! The hook table: every interposed function, declared once.
 //!
-//! One line per function generates its exported hook (so PLT callers reach it), registers it
-//! for `dlsym` routing (JAX/XLA style lookups) and for `cuGetProcAddress` routing (static cudart,
-//! CuPy, PyTorch's entry-point API): adding an API is one line here.
+//! One line per function. `hooks` expands the lines into the exported hooks (so PLT callers
+//! reach them) and the lookup entry points; this module expands them into what the rest of the
+//! shim knows of each hook: its [`Id`], symbol, layer and what its calls record, read by
+//! `routing` for `dlsym` (JAX/XLA style lookups) and `cuGetProcAddress` (static cudart, CuPy,
+//! PyTorch's entry-point API), and by the writer for the trace's list of APIs. Adding an API is
+//! one line here.
 //!
 //! An event line reads: `Layer symbol(args) Kind Op => |result| fields`. `fields` runs after the
 //! real call with its result code and says what to record (see `hotpath`); it may read
-//! out-parameters, which the helpers do only when the call succeeded.
+//! out-parameters, which the helpers do only when the call succeeded. A route line reads
+//! `Layer symbol(args) => (symbol, pfn, flags, version)`: the lookup's arguments routing needs.
+//! The lines stay tokens until a generator expands them: the names they use (`alloc`, `out`,
+//! `pitched`, the CUDA types) are those in scope in `hooks`, where they become code.
+//!
+//! Besides the list, this module holds the slots of the real functions behind the hooks. It
+//! depends on `resolve` only (to find a real function).
 
-use std::ffi::{c_uint, c_void, CStr};
+use std::ffi::{c_void, CStr};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use gpumemtrace_format::{MemKind, Op};
-
-use crate::cuda::*;
-use crate::hotpath::{alloc, free, out, traced, FieldsExt};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Layer {
@@ -61,14 +67,120 @@ impl Hook {
     }
 }
 
+/// The list itself: hands every line to the generator macro `$gen`, which must accept
+/// `events { .. } routes { .. } reports { .. } records { .. }` as `describe` below does.
 macro_rules! hook_table {
+    ($gen:ident) => {
+        $gen! {
+            events {
+                // --- runtime: device memory
+                Runtime cudaMalloc(p: *mut *mut c_void, size: usize) Device Alloc => |r| alloc(out(r, p), size as u64);
+                Runtime cudaFree(ptr: *mut c_void) Device Free => |r| free(ptr as u64);
+                Runtime cudaMallocPitch(p: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) Device Alloc
+                    => |r| alloc(out(r, p), pitched(r, pitch, width, height, 1));
+                Runtime cudaMalloc3D(pp: *mut cudaPitchedPtr, e: cudaExtent) Device Alloc
+                    => |r| if r == SUCCESS && !pp.is_null() {
+                        alloc((*pp).ptr as u64, ((*pp).pitch * e.height * e.depth) as u64)
+                    } else {
+                        alloc(0, (e.width * e.height * e.depth) as u64)
+                    };
+                Runtime cudaMallocManaged(p: *mut *mut c_void, size: usize, flags: c_uint) Managed Alloc
+                    => |r| alloc(out(r, p), size as u64);
+                // --- runtime: stream-ordered
+                Runtime cudaMallocAsync(p: *mut *mut c_void, size: usize, s: cudaStream_t) Device Alloc
+                    => |r| alloc(out(r, p), size as u64).stream(s);
+                Runtime cudaMallocAsync_ptsz(p: *mut *mut c_void, size: usize, s: cudaStream_t) Device Alloc
+                    => |r| alloc(out(r, p), size as u64).stream(s);
+                Runtime cudaFreeAsync(ptr: *mut c_void, s: cudaStream_t) Device Free => |r| free(ptr as u64).stream(s);
+                Runtime cudaFreeAsync_ptsz(ptr: *mut c_void, s: cudaStream_t) Device Free => |r| free(ptr as u64).stream(s);
+                Runtime cudaMallocFromPoolAsync(p: *mut *mut c_void, size: usize, pool: cudaMemPool_t, s: cudaStream_t) Device Alloc
+                    => |r| alloc(out(r, p), size as u64).stream(s);
+                Runtime cudaMallocFromPoolAsync_ptsz(p: *mut *mut c_void, size: usize, pool: cudaMemPool_t, s: cudaStream_t) Device Alloc
+                    => |r| alloc(out(r, p), size as u64).stream(s);
+                // --- runtime: pinned host memory
+                Runtime cudaMallocHost(p: *mut *mut c_void, size: usize) HostPinned Alloc => |r| alloc(out(r, p), size as u64).host();
+                Runtime cudaHostAlloc(p: *mut *mut c_void, size: usize, flags: c_uint) HostPinned Alloc
+                    => |r| alloc(out(r, p), size as u64).host();
+                Runtime cudaFreeHost(ptr: *mut c_void) HostPinned Free => |r| free(ptr as u64).host();
+
+                // --- driver: device memory
+                Driver cuMemAlloc_v2(p: *mut CUdeviceptr, size: usize) Device Alloc => |r| alloc(out(r, p), size as u64);
+                Driver cuMemFree_v2(ptr: CUdeviceptr) Device Free => |r| free(ptr);
+                Driver cuMemAllocPitch_v2(p: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) Device Alloc
+                    => |r| alloc(out(r, p), pitched(r, pitch, width, height, 1));
+                Driver cuMemAllocManaged(p: *mut CUdeviceptr, size: usize, flags: c_uint) Managed Alloc
+                    => |r| alloc(out(r, p), size as u64);
+                // --- driver: stream-ordered
+                Driver cuMemAllocAsync(p: *mut CUdeviceptr, size: usize, s: CUstream) Device Alloc
+                    => |r| alloc(out(r, p), size as u64).stream(s);
+                Driver cuMemAllocAsync_ptsz(p: *mut CUdeviceptr, size: usize, s: CUstream) Device Alloc
+                    => |r| alloc(out(r, p), size as u64).stream(s);
+                Driver cuMemFreeAsync(ptr: CUdeviceptr, s: CUstream) Device Free => |r| free(ptr).stream(s);
+                Driver cuMemFreeAsync_ptsz(ptr: CUdeviceptr, s: CUstream) Device Free => |r| free(ptr).stream(s);
+                Driver cuMemAllocFromPoolAsync(p: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, s: CUstream) Device Alloc
+                    => |r| alloc(out(r, p), size as u64).stream(s);
+                Driver cuMemAllocFromPoolAsync_ptsz(p: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, s: CUstream) Device Alloc
+                    => |r| alloc(out(r, p), size as u64).stream(s);
+                // --- driver: pinned host memory
+                Driver cuMemAllocHost_v2(p: *mut *mut c_void, size: usize) HostPinned Alloc => |r| alloc(out(r, p), size as u64).host();
+                Driver cuMemHostAlloc(p: *mut *mut c_void, size: usize, flags: c_uint) HostPinned Alloc
+                    => |r| alloc(out(r, p), size as u64).host();
+                Driver cuMemFreeHost(ptr: *mut c_void) HostPinned Free => |r| free(ptr as u64).host();
+                // --- driver: virtual memory management (PyTorch expandable segments, JAX)
+                Driver cuMemCreate(h: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) VmmPhysical Alloc
+                    => |r| alloc(out(r, h), size as u64).device(prop_device(prop));
+                Driver cuMemRelease(h: CUmemGenericAllocationHandle) VmmPhysical Free => |r| free(h).device(-1);
+                Driver cuMemAddressReserve(p: *mut CUdeviceptr, size: usize, align: usize, addr: CUdeviceptr, flags: u64) VmmReserved Alloc
+                    => |r| alloc(out(r, p), size as u64).device(-1);
+                Driver cuMemAddressFree(ptr: CUdeviceptr, size: usize) VmmReserved Free => |r| free(ptr).size(size as u64).device(-1);
+                Driver cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, h: CUmemGenericAllocationHandle, flags: u64) VmmMapped Alloc
+                    => |r| alloc(ptr, size as u64).extra(h);
+                Driver cuMemUnmap(ptr: CUdeviceptr, size: usize) VmmMapped Free => |r| free(ptr).size(size as u64);
+            }
+            routes {
+                // Before CUDA 12.0.
+                Driver cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64)
+                    => (symbol, pfn, flags, version as i64);
+                Driver cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int)
+                    => (symbol, pfn, flags, version as i64);
+                // The CUDA 12/13 signature. It has no version argument: it resolves the newest.
+                Runtime cudaGetDriverEntryPoint(symbol: *const c_char, pfn: *mut *mut c_void, flags: u64, status: *mut c_int)
+                    => (symbol, pfn, flags, i64::MAX);
+                Runtime cudaGetDriverEntryPointByVersion(symbol: *const c_char, pfn: *mut *mut c_void, version: c_uint, flags: u64, status: *mut c_int)
+                    => (symbol, pfn, flags, version as i64);
+            }
+            reports {
+                // PyTorch's caching allocator reports every block it hands out (+size) or takes back
+                // (-size) to `c10::reportMemoryUsageToProfiler`, through the PLT of libc10_cuda and
+                // libtorch_cpu. torch 1.10+: (ptr, size, total allocated, total reserved, device).
+                _ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE(ptr: *mut c_void, size: i64, allocated: usize, reserved: usize, device: C10Device)
+                    => (ptr, size, device, Some((allocated as u64, reserved as u64)));
+                // Between 1.10 and 1.13 the totals were signed.
+                _ZN3c1027reportMemoryUsageToProfilerEPvlllNS_6DeviceE(ptr: *mut c_void, size: i64, allocated: i64, reserved: i64, device: C10Device)
+                    => (ptr, size, device, Some((allocated.max(0) as u64, reserved.max(0) as u64)));
+                // Older torch: (ptr, size, device).
+                _ZN3c1027reportMemoryUsageToProfilerEPvlNS_6DeviceE(ptr: *mut c_void, size: i64, device: C10Device)
+                    => (ptr, size, device, None);
+            }
+            records {
+                // What the reports above record: an allocation and a free of a block.
+                Allocator block_alloc Block Alloc "c10::reportMemoryUsageToProfiler(+)";
+                Allocator block_free Block Free "c10::reportMemoryUsageToProfiler(-)";
+            }
+        }
+    };
+}
+pub(crate) use hook_table;
+
+/// Generates [`Id`], [`HOOKS`] and [`ALL`] from the list.
+macro_rules! describe {
     (
         events {
             $( $layer:ident $name:ident ( $($arg:ident : $ty:ty),* ) $kind:ident $op:ident
                 => |$r:ident| $fields:expr ; )*
         }
         routes {
-            $( $rlayer:ident $rname:ident ; )*
+            $( $rlayer:ident $rname:ident ( $($rarg:ident : $rty:ty),* ) => $rroute:expr ; )*
         }
         reports {
             $( $bname:ident ( $($barg:ident : $bty:ty),* ) => $breport:expr ; )*
@@ -106,174 +218,10 @@ macro_rules! hook_table {
         ];
 
         pub const ALL: &[Id] = &[$(Id::$name,)* $(Id::$rname,)* $(Id::$bname,)* $(Id::$kname,)*];
-
-        impl Id {
-            /// Address of our hook for this function.
-            pub fn hook_addr(self) -> *mut c_void {
-                match self {
-                    $( Id::$name => $name as *mut c_void, )*
-                    $( Id::$rname => crate::routing::$rname as *mut c_void, )*
-                    $( Id::$bname => $bname as *mut c_void, )*
-                    // Records only: no function of ours stands for them.
-                    $( Id::$kname => null_mut(), )*
-                }
-            }
-        }
-
-        $(
-            #[no_mangle]
-            #[allow(non_snake_case, unused_unsafe, clippy::missing_safety_doc)]
-            pub unsafe extern "C" fn $bname($($barg: $bty),*) {
-                type Real = unsafe extern "C" fn($($bty),*);
-                // SAFETY: the slot of `$bname` only ever holds the real `$bname`, of type `Real`.
-                let real = unsafe { real::<Real>(Id::$bname) };
-                let (ptr, size, device, totals) = $breport;
-                // SAFETY: forwards the caller's arguments unchanged (the allocator's own
-                // profiler listens behind the real function).
-                crate::hotpath::block(BLOCK_APIS, ptr as u64, size, device, totals, || {
-                    if let Some(real) = real {
-                        unsafe { real($($barg),*) }
-                    }
-                })
-            }
-        )*
-
-        $(
-            #[no_mangle]
-            #[allow(non_snake_case, unused_unsafe, unused_variables, clippy::missing_safety_doc)]
-            pub unsafe extern "C" fn $name($($arg: $ty),*) -> Status {
-                type Real = unsafe extern "C" fn($($ty),*) -> Status;
-                // SAFETY: the slot of `$name` only ever holds the real `$name`, of type `Real`.
-                let Some(real) = (unsafe { real::<Real>(Id::$name) }) else {
-                    return NOT_INITIALIZED;
-                };
-                // SAFETY: forwards the caller's arguments unchanged; `$fields` reads
-                // out-parameters only after the call succeeded (see `hotpath::out`).
-                traced(Id::$name as u32, Op::$op, || unsafe { real($($arg),*) }, |$r| unsafe { $fields })
-            }
-        )*
     };
 }
 
-hook_table! {
-    events {
-        // --- runtime: device memory
-        Runtime cudaMalloc(p: *mut *mut c_void, size: usize) Device Alloc => |r| alloc(out(r, p), size as u64);
-        Runtime cudaFree(ptr: *mut c_void) Device Free => |r| free(ptr as u64);
-        Runtime cudaMallocPitch(p: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) Device Alloc
-            => |r| alloc(out(r, p), pitched(r, pitch, width, height, 1));
-        Runtime cudaMalloc3D(pp: *mut cudaPitchedPtr, e: cudaExtent) Device Alloc
-            => |r| if r == SUCCESS && !pp.is_null() {
-                alloc((*pp).ptr as u64, ((*pp).pitch * e.height * e.depth) as u64)
-            } else {
-                alloc(0, (e.width * e.height * e.depth) as u64)
-            };
-        Runtime cudaMallocManaged(p: *mut *mut c_void, size: usize, flags: c_uint) Managed Alloc
-            => |r| alloc(out(r, p), size as u64);
-        // --- runtime: stream-ordered
-        Runtime cudaMallocAsync(p: *mut *mut c_void, size: usize, s: cudaStream_t) Device Alloc
-            => |r| alloc(out(r, p), size as u64).stream(s);
-        Runtime cudaMallocAsync_ptsz(p: *mut *mut c_void, size: usize, s: cudaStream_t) Device Alloc
-            => |r| alloc(out(r, p), size as u64).stream(s);
-        Runtime cudaFreeAsync(ptr: *mut c_void, s: cudaStream_t) Device Free => |r| free(ptr as u64).stream(s);
-        Runtime cudaFreeAsync_ptsz(ptr: *mut c_void, s: cudaStream_t) Device Free => |r| free(ptr as u64).stream(s);
-        Runtime cudaMallocFromPoolAsync(p: *mut *mut c_void, size: usize, pool: cudaMemPool_t, s: cudaStream_t) Device Alloc
-            => |r| alloc(out(r, p), size as u64).stream(s);
-        Runtime cudaMallocFromPoolAsync_ptsz(p: *mut *mut c_void, size: usize, pool: cudaMemPool_t, s: cudaStream_t) Device Alloc
-            => |r| alloc(out(r, p), size as u64).stream(s);
-        // --- runtime: pinned host memory
-        Runtime cudaMallocHost(p: *mut *mut c_void, size: usize) HostPinned Alloc => |r| alloc(out(r, p), size as u64).host();
-        Runtime cudaHostAlloc(p: *mut *mut c_void, size: usize, flags: c_uint) HostPinned Alloc
-            => |r| alloc(out(r, p), size as u64).host();
-        Runtime cudaFreeHost(ptr: *mut c_void) HostPinned Free => |r| free(ptr as u64).host();
-
-        // --- driver: device memory
-        Driver cuMemAlloc_v2(p: *mut CUdeviceptr, size: usize) Device Alloc => |r| alloc(out(r, p), size as u64);
-        Driver cuMemFree_v2(ptr: CUdeviceptr) Device Free => |r| free(ptr);
-        Driver cuMemAllocPitch_v2(p: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) Device Alloc
-            => |r| alloc(out(r, p), pitched(r, pitch, width, height, 1));
-        Driver cuMemAllocManaged(p: *mut CUdeviceptr, size: usize, flags: c_uint) Managed Alloc
-            => |r| alloc(out(r, p), size as u64);
-        // --- driver: stream-ordered
-        Driver cuMemAllocAsync(p: *mut CUdeviceptr, size: usize, s: CUstream) Device Alloc
-            => |r| alloc(out(r, p), size as u64).stream(s);
-        Driver cuMemAllocAsync_ptsz(p: *mut CUdeviceptr, size: usize, s: CUstream) Device Alloc
-            => |r| alloc(out(r, p), size as u64).stream(s);
-        Driver cuMemFreeAsync(ptr: CUdeviceptr, s: CUstream) Device Free => |r| free(ptr).stream(s);
-        Driver cuMemFreeAsync_ptsz(ptr: CUdeviceptr, s: CUstream) Device Free => |r| free(ptr).stream(s);
-        Driver cuMemAllocFromPoolAsync(p: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, s: CUstream) Device Alloc
-            => |r| alloc(out(r, p), size as u64).stream(s);
-        Driver cuMemAllocFromPoolAsync_ptsz(p: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, s: CUstream) Device Alloc
-            => |r| alloc(out(r, p), size as u64).stream(s);
-        // --- driver: pinned host memory
-        Driver cuMemAllocHost_v2(p: *mut *mut c_void, size: usize) HostPinned Alloc => |r| alloc(out(r, p), size as u64).host();
-        Driver cuMemHostAlloc(p: *mut *mut c_void, size: usize, flags: c_uint) HostPinned Alloc
-            => |r| alloc(out(r, p), size as u64).host();
-        Driver cuMemFreeHost(ptr: *mut c_void) HostPinned Free => |r| free(ptr as u64).host();
-        // --- driver: virtual memory management (PyTorch expandable segments, JAX)
-        Driver cuMemCreate(h: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) VmmPhysical Alloc
-            => |r| alloc(out(r, h), size as u64).device(prop_device(prop));
-        Driver cuMemRelease(h: CUmemGenericAllocationHandle) VmmPhysical Free => |r| free(h).device(-1);
-        Driver cuMemAddressReserve(p: *mut CUdeviceptr, size: usize, align: usize, addr: CUdeviceptr, flags: u64) VmmReserved Alloc
-            => |r| alloc(out(r, p), size as u64).device(-1);
-        Driver cuMemAddressFree(ptr: CUdeviceptr, size: usize) VmmReserved Free => |r| free(ptr).size(size as u64).device(-1);
-        Driver cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, h: CUmemGenericAllocationHandle, flags: u64) VmmMapped Alloc
-            => |r| alloc(ptr, size as u64).extra(h);
-        Driver cuMemUnmap(ptr: CUdeviceptr, size: usize) VmmMapped Free => |r| free(ptr).size(size as u64);
-    }
-    routes {
-        Driver cuGetProcAddress;
-        Driver cuGetProcAddress_v2;
-        Runtime cudaGetDriverEntryPoint;
-        Runtime cudaGetDriverEntryPointByVersion;
-    }
-    reports {
-        // PyTorch's caching allocator reports every block it hands out (+size) or takes back
-        // (-size) to `c10::reportMemoryUsageToProfiler`, through the PLT of libc10_cuda and
-        // libtorch_cpu. torch 1.10+: (ptr, size, total allocated, total reserved, device).
-        _ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE(ptr: *mut c_void, size: i64, allocated: usize, reserved: usize, device: C10Device)
-            => (ptr, size, device, Some((allocated as u64, reserved as u64)));
-        // Between 1.10 and 1.13 the totals were signed.
-        _ZN3c1027reportMemoryUsageToProfilerEPvlllNS_6DeviceE(ptr: *mut c_void, size: i64, allocated: i64, reserved: i64, device: C10Device)
-            => (ptr, size, device, Some((allocated.max(0) as u64, reserved.max(0) as u64)));
-        // Older torch: (ptr, size, device).
-        _ZN3c1027reportMemoryUsageToProfilerEPvlNS_6DeviceE(ptr: *mut c_void, size: i64, device: C10Device)
-            => (ptr, size, device, None);
-    }
-    records {
-        // What the reports above record: an allocation and a free of a block.
-        Allocator block_alloc Block Alloc "c10::reportMemoryUsageToProfiler(+)";
-        Allocator block_free Block Free "c10::reportMemoryUsageToProfiler(-)";
-    }
-}
-
-/// The API numbers the reports record: a block handed out, a block taken back.
-const BLOCK_APIS: (u32, u32) = (Id::block_alloc as u32, Id::block_free as u32);
-
-/// Bytes of a pitched allocation: the pitch the call chose times the rows, or the request.
-unsafe fn pitched(r: Status, pitch: *mut usize, width: usize, height: usize, depth: usize) -> u64 {
-    let row = if r == SUCCESS && !pitch.is_null() {
-        // SAFETY: the call succeeded, so it wrote the pitch through this non-null pointer.
-        unsafe { *pitch }
-    } else {
-        width
-    };
-    (row * height * depth) as u64
-}
-
-/// The device a `cuMemCreate` allocates on, from its properties; -1 for host locations.
-unsafe fn prop_device(prop: *const CUmemAllocationProp) -> i32 {
-    if prop.is_null() {
-        return -1;
-    }
-    // SAFETY: the caller passed a valid CUmemAllocationProp (the real call read it too).
-    let p = unsafe { &*prop };
-    if p.location_type == CU_MEM_LOCATION_TYPE_DEVICE {
-        p.location_id
-    } else {
-        -1
-    }
-}
+hook_table!(describe);
 
 // ---------------------------------------------------------------------------------------------
 // The real functions behind the hooks.
@@ -288,11 +236,6 @@ impl Id {
     /// The hook whose exported symbol is `name`.
     pub fn by_name(name: &[u8]) -> Option<Id> {
         ALL.iter().copied().find(|id| id.info().name().as_bytes() == name)
-    }
-
-    /// The hook at this address, if it is one of ours.
-    pub fn by_hook_addr(p: *mut c_void) -> Option<Id> {
-        ALL.iter().copied().find(|id| id.hook_addr() == p)
     }
 }
 
