@@ -104,6 +104,18 @@ pub struct Failure {
     pub ordinal: u64,
 }
 
+impl Failure {
+    /// Out of memory, a capability probe, or another error.
+    pub fn class(&self) -> crate::units::Failed {
+        crate::units::classify(&self.api, self.result)
+    }
+
+    /// A failed allocation proper: anything but a capability probe.
+    pub fn counts(&self) -> bool {
+        self.class() != crate::units::Failed::Probe
+    }
+}
+
 /// A free of a pointer that was not live, or a free that failed (`result != 0`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BadFree {
@@ -141,8 +153,8 @@ pub struct Trace {
     pub bad_frees: Vec<BadFree>,
     /// Bad frees beyond [`MAX_BAD_FREES`], counted but not listed.
     pub bad_frees_omitted: u64,
-    /// Post-mortem of the last failed allocation: what was live on its device at that moment,
-    /// per group (GPU-memory kinds only), by stack, largest first.
+    /// Post-mortem of the last out-of-memory failure: what was live on its device at that
+    /// moment, per group (GPU-memory kinds only), by stack, largest first.
     pub last_failure_live: Vec<(GroupKey, Vec<StackUse>)>,
     /// Python code objects and stacks (innermost first), by id.
     pub py_codes: HashMap<u32, PyCode>,
@@ -272,8 +284,14 @@ impl Trace {
                 snapshot_at.entry(n).or_default().push(*key);
             }
         }
-        // And the live set on the device of the last failed allocation, as it failed.
-        let failure_at = replay.failures.last().map(|f| (f.ordinal, f.device));
+        // And the live set on the device of the last allocation that ran out of memory, as it
+        // failed (other errors, a capability probe, say nothing about what was live).
+        let failure_at = replay
+            .failures
+            .iter()
+            .rev()
+            .find(|f| f.class() == crate::units::Failed::OutOfMemory)
+            .map(|f| (f.ordinal, f.device));
         let failure_keys: Vec<GroupKey> = match failure_at {
             Some((_, device)) => {
                 let mut keys: Vec<GroupKey> = replay
@@ -1042,6 +1060,24 @@ pub(crate) mod tests {
         let live: Vec<(MemKind, u64)> =
             t.last_failure_live.iter().map(|(k, v)| (k.kind, v.iter().map(|u| u.bytes).sum())).collect();
         assert_eq!(live, [(MemKind::Device, 100), (MemKind::VmmPhysical, 300)]);
+    }
+
+    #[test]
+    fn the_post_mortem_is_of_the_last_out_of_memory_not_of_a_probe() {
+        let mut b = TraceBuilder::new();
+        b.ok(MALLOC, 1, 0x1000, 100, 1)
+            .call(MALLOC, 2, 0, 0, 1 << 40, 2, 2) // out of memory: 100 B live
+            .ok(MALLOC, 3, 0x2000, 50, 3)
+            .call(MEM_CREATE, 4, 0, 0, 2 << 20, 4, 800); // PyTorch's probe, later
+        let t = b.load();
+        assert_eq!(t.failures.len(), 2);
+        assert_eq!(t.failures.iter().map(Failure::counts).collect::<Vec<_>>(), [true, false]);
+        let live: Vec<u64> = t.last_failure_live.iter().flat_map(|(_, v)| v.iter().map(|u| u.bytes)).collect();
+        assert_eq!(live, [100]);
+        // Only a probe: no post-mortem.
+        let mut b = TraceBuilder::new();
+        b.ok(MALLOC, 1, 0x1000, 100, 1).call(MEM_CREATE, 2, 0, 0, 2 << 20, 4, 800);
+        assert!(b.load().last_failure_live.is_empty());
     }
 
     #[test]

@@ -61,6 +61,76 @@ pub fn cuda_result_name(code: u32) -> Option<&'static str> {
     })
 }
 
+/// Common result codes by number: the driver's (`CUresult`) and the runtime's (`cudaError_t`)
+/// names. The two APIs agree on these numbers.
+const ERROR_NAMES: &[(u32, &str, &str)] = &[
+    (1, "CUDA_ERROR_INVALID_VALUE", "cudaErrorInvalidValue"),
+    (2, "CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation"),
+    (3, "CUDA_ERROR_NOT_INITIALIZED", "cudaErrorInitializationError"),
+    (4, "CUDA_ERROR_DEINITIALIZED", "cudaErrorCudartUnloading"),
+    (34, "CUDA_ERROR_STUB_LIBRARY", "cudaErrorStubLibrary"),
+    (46, "CUDA_ERROR_DEVICE_UNAVAILABLE", "cudaErrorDevicesUnavailable"),
+    (100, "CUDA_ERROR_NO_DEVICE", "cudaErrorNoDevice"),
+    (101, "CUDA_ERROR_INVALID_DEVICE", "cudaErrorInvalidDevice"),
+    (201, "CUDA_ERROR_INVALID_CONTEXT", "cudaErrorDeviceUninitialized"),
+    (400, "CUDA_ERROR_INVALID_HANDLE", "cudaErrorInvalidResourceHandle"),
+    (500, "CUDA_ERROR_NOT_FOUND", "cudaErrorSymbolNotFound"),
+    (700, "CUDA_ERROR_ILLEGAL_ADDRESS", "cudaErrorIllegalAddress"),
+    (709, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "cudaErrorContextIsDestroyed"),
+    (719, "CUDA_ERROR_LAUNCH_FAILED", "cudaErrorLaunchFailure"),
+    (800, "CUDA_ERROR_NOT_PERMITTED", "cudaErrorNotPermitted"),
+    (801, "CUDA_ERROR_NOT_SUPPORTED", "cudaErrorNotSupported"),
+    (803, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "cudaErrorSystemDriverMismatch"),
+    (999, "CUDA_ERROR_UNKNOWN", "cudaErrorUnknown"),
+];
+
+/// The symbolic name of `code` as `api` returned it: `CUDA_ERROR_OUT_OF_MEMORY` from the driver
+/// (`cu*`), `cudaErrorMemoryAllocation` from the runtime (`cuda*`); none for other APIs.
+pub fn cuda_error_name(api: &str, code: u32) -> Option<&'static str> {
+    let runtime = api.starts_with("cuda");
+    if !runtime && !api.starts_with("cu") {
+        return None;
+    }
+    let &(_, driver, rt) = ERROR_NAMES.iter().find(|e| e.0 == code)?;
+    Some(if runtime { rt } else { driver })
+}
+
+/// `CUDA_ERROR_NOT_PERMITTED`, or `error 12345` when it has no name.
+pub fn error_label(api: &str, code: u32) -> String {
+    cuda_error_name(api, code).map_or_else(|| format!("error {code}"), str::to_string)
+}
+
+/// What a failed allocation call means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Failed {
+    /// Out of memory (the driver's and the runtime's code 2): the failure that matters.
+    OutOfMemory,
+    /// A question, not a failure: `cuMemCreate` answering not permitted / not supported is
+    /// PyTorch (and others) asking whether the device supports a kind of handle (fabric, IPC).
+    Probe,
+    /// Any other error (an invalid argument, a dead context...).
+    Other,
+}
+
+pub fn classify(api: &str, code: u32) -> Failed {
+    match (api, code) {
+        (_, 2) => Failed::OutOfMemory,
+        ("cuMemCreate", 800 | 801) => Failed::Probe,
+        _ => Failed::Other,
+    }
+}
+
+impl Failed {
+    /// For JSON: `out-of-memory`, `capability-probe`, `other`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Failed::OutOfMemory => "out-of-memory",
+            Failed::Probe => "capability-probe",
+            Failed::Other => "other",
+        }
+    }
+}
+
 /// `error 2 (out of memory)`, or `error 12345` for codes without a name.
 pub fn cuda_result(code: u32) -> String {
     match cuda_result_name(code) {
@@ -94,5 +164,21 @@ mod tests {
         assert_eq!(seconds(0), "0.000 s");
         assert_eq!(cuda_result(2), "error 2 (out of memory)");
         assert_eq!(cuda_result(12345), "error 12345");
+    }
+
+    #[test]
+    fn error_names_follow_the_api_and_probes_are_not_out_of_memory() {
+        assert_eq!(cuda_error_name("cuMemCreate", 800), Some("CUDA_ERROR_NOT_PERMITTED"));
+        assert_eq!(cuda_error_name("cuMemAlloc_v2", 2), Some("CUDA_ERROR_OUT_OF_MEMORY"));
+        assert_eq!(cuda_error_name("cudaMalloc", 2), Some("cudaErrorMemoryAllocation"));
+        assert_eq!(cuda_error_name("cudaMallocAsync", 801), Some("cudaErrorNotSupported"));
+        assert_eq!(cuda_error_name("c10::reportMemoryUsageToProfiler(+)", 2), None);
+        assert_eq!(error_label("cuMemMap", 12345), "error 12345");
+        assert_eq!(classify("cudaMalloc", 2), Failed::OutOfMemory);
+        assert_eq!(classify("cuMemCreate", 2), Failed::OutOfMemory);
+        assert_eq!(classify("cuMemCreate", 800), Failed::Probe);
+        assert_eq!(classify("cuMemCreate", 801), Failed::Probe);
+        assert_eq!(classify("cudaMalloc", 800), Failed::Other);
+        assert_eq!(classify("cuMemCreate", 1), Failed::Other);
     }
 }

@@ -8,7 +8,7 @@ use gpumemtrace_format::MemKind;
 use serde::Serialize;
 
 use crate::model::Trace;
-use crate::units::{seconds, size};
+use crate::units::{error_label, place, seconds, size};
 
 #[derive(Clone, Debug, Default)]
 pub struct Budgets {
@@ -137,22 +137,34 @@ pub fn check(path: &str, trace: &Trace, b: &Budgets) -> Result<TraceCheck, Strin
         checks.push(CheckResult { check: "max-leaked", device: b.device, limit, actual: bytes, ok, message });
     }
     if let Some(limit) = b.max_failed {
-        let failed: Vec<_> = trace.failures.iter().filter(|f| wanted(f.device)).collect();
+        // Capability probes (cuMemCreate asking whether a handle type is supported) are
+        // questions the program asked, not allocations that failed.
+        let (failed, probes): (Vec<_>, Vec<_>) = trace.failures.iter().filter(|f| wanted(f.device)).partition(|f| f.counts());
         let n = failed.len() as u64;
         let ok = n <= limit;
-        let message = if ok {
+        let mut message = if ok {
             format!("{n} failed allocation{} within {limit}", if n == 1 { "" } else { "s" })
         } else {
             let first = failed[0];
             format!(
-                "{n} failed allocation{} --max-failed {limit} (first: {} of {} on device {} at {})",
+                "{n} failed allocation{} --max-failed {limit} (first: {} of {} on {} at {}, {})",
                 if n == 1 { " exceeds" } else { "s exceed" },
                 first.api,
                 size(first.size),
-                first.device,
-                seconds(first.time_ns)
+                place(first.device),
+                seconds(first.time_ns),
+                error_label(&first.api, first.result)
             )
         };
+        if let Some(p) = probes.first() {
+            message.push_str(&format!(
+                "; not counted: {} (capability probe{}: {} from {})",
+                probes.len(),
+                if probes.len() == 1 { "" } else { "s" },
+                error_label(&p.api, p.result),
+                p.api
+            ));
+        }
         checks.push(CheckResult { check: "max-failed", device: b.device, limit, actual: n, ok, message });
     }
     for (check, limit) in [("max-allocated", b.max_allocated), ("max-reserved", b.max_reserved)] {
@@ -225,6 +237,24 @@ pub fn render(results: &[TraceCheck], json: bool, out: &mut dyn Write) -> io::Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::tests::*;
+
+    #[test]
+    fn max_failed_does_not_count_capability_probes() {
+        let mut b = TraceBuilder::new();
+        b.call(MEM_CREATE, 1, 0, 0, 2 << 20, 0, 800);
+        let b0 = Budgets { max_failed: Some(0), ..Budgets::default() };
+        let r = check("t", &b.load(), &b0).unwrap();
+        assert!(r.ok);
+        assert_eq!(
+            r.checks[0].message,
+            "0 failed allocations within 0; not counted: 1 (capability probe: CUDA_ERROR_NOT_PERMITTED from cuMemCreate)"
+        );
+        b.call(MALLOC, 2, 0, 0, 1 << 30, 0, 2);
+        let r = check("t", &b.load(), &b0).unwrap();
+        assert!(!r.ok);
+        assert!(r.checks[0].message.starts_with("1 failed allocation exceeds --max-failed 0 (first: cudaMalloc of 1.0 GiB on device 0 at 0.000 s, cudaErrorMemoryAllocation)"), "{}", r.checks[0].message);
+    }
 
     #[test]
     fn sizes_parse() {

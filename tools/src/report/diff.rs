@@ -150,7 +150,8 @@ pub fn diff(pa: &str, a: &Trace, pb: &str, b: &Trace, device: Option<i32>) -> Di
             }
         })
         .collect();
-    let nf = |t: &Trace| t.failures.iter().filter(|f| wanted(&f.device)).count() as u64;
+    // Capability probes are not failed allocations (see `units::classify`).
+    let nf = |t: &Trace| t.failures.iter().filter(|f| wanted(&f.device) && f.counts()).count() as u64;
     let alloc = |t: &Trace, sym: &mut Symbolizer| {
         per_site(t, sym, |k| t.ext.allocated.get(k).cloned().unwrap_or_default())
     };

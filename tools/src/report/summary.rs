@@ -12,7 +12,7 @@ use super::{cut, growth_sites, locate, sites_by, GrowthSite, Located, Site};
 use crate::input::{self, Input};
 use crate::model::{Outcome, Trace};
 use crate::symbolize::{Frame, Symbolizer};
-use crate::units::{count, cuda_result, seconds, size};
+use crate::units::{count, cuda_error_name, cuda_result, error_label, seconds, size, Failed};
 
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -78,6 +78,11 @@ pub struct TraceReport {
     unknown_api_events: u64,
     #[serde(skip)]
     more_failures: usize,
+    /// Out-of-memory failures, and the other errors by name (see `units::classify`).
+    #[serde(skip)]
+    out_of_memory: u64,
+    #[serde(skip)]
+    other_errors: Vec<ErrorTally>,
     /// Includes bad frees the model only counted.
     #[serde(skip)]
     more_unknown_frees: u64,
@@ -107,6 +112,10 @@ pub struct GroupReport {
     more_growing_sites: usize,
     #[serde(skip)]
     double_allocs: u64,
+    #[serde(skip)]
+    out_of_memory: u64,
+    #[serde(skip)]
+    other_errors: Vec<ErrorTally>,
     /// Live allocations at the peak.
     #[serde(skip)]
     peak_count: u64,
@@ -133,6 +142,11 @@ pub struct FailureReport {
     pub kind: &'static str,
     pub size: u64,
     pub result: u32,
+    /// The result's name as the API calls it (`CUDA_ERROR_OUT_OF_MEMORY`, `cudaErrorMemoryAllocation`).
+    pub error: Option<&'static str>,
+    /// `out-of-memory`, `capability-probe` (cuMemCreate asking whether a handle type is
+    /// supported: not a failed allocation) or `other`.
+    pub class: &'static str,
     pub time_ns: u64,
     pub live_bytes_on_device: u64,
     /// The caching allocator's state on the device then (with blocks only).
@@ -140,6 +154,58 @@ pub struct FailureReport {
     pub pool: Option<PoolAtFailure>,
     #[serde(flatten)]
     pub located: Located,
+}
+
+/// Failed calls of one API with one result that were not out of memory.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ErrorTally {
+    pub probe: bool,
+    pub label: String,
+    pub api: String,
+    pub n: u64,
+}
+
+/// Out-of-memory failures, and the others by API and result.
+fn tally<'a>(failures: impl Iterator<Item = &'a crate::model::Failure>) -> (u64, Vec<ErrorTally>) {
+    let mut oom = 0;
+    let mut other: std::collections::BTreeMap<(bool, String, String), u64> = Default::default();
+    for f in failures {
+        match f.class() {
+            Failed::OutOfMemory => oom += 1,
+            c => *other.entry((c == Failed::Probe, error_label(&f.api, f.result), f.api.clone())).or_default() += 1,
+        }
+    }
+    let other = other.into_iter().map(|((probe, label, api), n)| ErrorTally { probe, label, api, n }).collect();
+    (oom, other)
+}
+
+/// `1 (CUDA_ERROR_NOT_PERMITTED from cuMemCreate, a capability probe)`,
+/// `3 (2x CUDA_ERROR_NOT_PERMITTED from cuMemCreate, capability probes; 1x cudaErrorInvalidValue from cudaMalloc)`.
+fn describe_other(v: &[ErrorTally]) -> String {
+    let total: u64 = v.iter().map(|t| t.n).sum();
+    let parts: Vec<String> = v
+        .iter()
+        .map(|t| {
+            let n = if v.len() > 1 || t.n > 1 { format!("{}x ", t.n) } else { String::new() };
+            let probe = match (t.probe, t.n) {
+                (false, _) => "",
+                (true, 1) => ", a capability probe",
+                (true, _) => ", capability probes",
+            };
+            format!("{n}{} from {}{probe}", t.label, t.api)
+        })
+        .collect();
+    format!("{total} ({})", parts.join("; "))
+}
+
+/// The failures of a group heading: `0 failed`, `1 failed (out of memory)`, or
+/// `failed: 1 out of memory; other errors: 1 (...)`.
+fn describe_failed(out_of_memory: u64, other: &[ErrorTally]) -> String {
+    match (out_of_memory, other.is_empty()) {
+        (n, true) if n == 0 => "0 failed".to_string(),
+        (n, true) => format!("{n} failed (out of memory)"),
+        (n, false) => format!("failed: {n} out of memory; other errors: {}", describe_other(other)),
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -279,7 +345,10 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
         let mut peak_sites = sites_by(&g.peak_stacks, trace, &mut sym, n);
         let mut leak_sites = sites_by(&g.leak_stacks, trace, &mut sym, n);
         let mut growing = trace.growth.get(key).map(|t| growth_sites(t, trace, &mut sym, n)).unwrap_or_default();
+        let (out_of_memory, other_errors) = tally(trace.failures.iter().filter(|f| f.device == key.device && f.kind == key.kind));
         groups.push(GroupReport {
+            out_of_memory,
+            other_errors,
             device: key.device,
             kind: key.kind.name(),
             allocations: g.allocations,
@@ -331,13 +400,17 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
             kind: f.kind.name(),
             size: f.size,
             result: f.result,
+            error: cuda_error_name(&f.api, f.result),
+            class: f.class().name(),
             time_ns: f.time_ns,
             live_bytes_on_device: f.live_bytes_on_device,
             pool: f.pool.as_ref().map(PoolAtFailure::of),
             located: locate(trace, &mut sym, f.stack),
         })
         .collect();
-    let more_failures = cut(&mut failures, top);
+    let (out_of_memory, other_errors) = tally(trace.failures.iter().filter(|f| wanted(f.device)));
+    // The terminal lists out-of-memory failures and other errors apart, each cut to --top.
+    let more_failures = if opts.json { cut(&mut failures, top) } else { 0 };
     let last_failure_live = trace
         .last_failure_live
         .iter()
@@ -402,6 +475,8 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
         finished: trace.stats.is_some_and(|s| s.final_),
         unknown_api_events: trace.unknown_api_events,
         more_failures,
+        out_of_memory,
+        other_errors,
         more_unknown_frees,
     }
 }
@@ -492,6 +567,49 @@ fn render_growth(g: &GroupReport, opts: &Options, out: &mut dyn Write) -> io::Re
     Ok(())
 }
 
+/// One failed allocation call: out of memory with what was live on its device then, other
+/// errors by name.
+fn render_failure(f: &FailureReport, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
+    let lines = site_lines(&f.located.site, &f.located.frames, f.located.site_index, opts.frames);
+    let place = device_name(f.device);
+    if f.class == Failed::OutOfMemory.name() {
+        writeln!(
+            out,
+            "  {} {} on {place} -> {} at {}, {} live on {place}  at  {}",
+            f.api,
+            size(f.size),
+            cuda_result(f.result),
+            seconds(f.time_ns),
+            size(f.live_bytes_on_device),
+            lines[0]
+        )?;
+    } else {
+        let name = f.error.map_or_else(|| cuda_result(f.result), |n| {
+            let what = crate::units::cuda_result_name(f.result).map(|w| format!(": {w}")).unwrap_or_default();
+            format!("error {} ({n}{what})", f.result)
+        });
+        let probe = if f.class == Failed::Probe.name() {
+            ", a capability probe (asking whether the device supports a kind of memory handle; not a failed allocation)"
+        } else {
+            ""
+        };
+        writeln!(out, "  {} {} on {place} -> {name}{probe} at {}  at  {}", f.api, size(f.size), seconds(f.time_ns), lines[0])?;
+    }
+    for l in &lines[1..] {
+        writeln!(out, "      {l}")?;
+    }
+    if let Some(p) = &f.pool {
+        writeln!(
+            out,
+            "      the caching allocator then: {} allocated in blocks, {} reserved, {} of it cached and free",
+            size(p.allocated_bytes),
+            size(p.reserved_bytes),
+            size(p.cached_bytes)
+        )?;
+    }
+    Ok(())
+}
+
 /// Writes one trace's report for people.
 pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
     let complete = r.status == "complete";
@@ -549,7 +667,7 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
             k => format!("{k} memory"),
         };
         let mut head = format!(
-            "{}, {kind}: {}, {} allocated, {}, {} failed",
+            "{}, {kind}: {}, {} allocated, {}, {}",
             // Address reservations belong to no device; only pinned memory is "host".
             if g.device < 0 && g.kind != "host-pinned" {
                 "no device".to_string()
@@ -559,7 +677,7 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
             count(g.allocations, "allocation"),
             size(g.allocated_bytes),
             count(g.frees, "free"),
-            g.failed
+            describe_failed(g.out_of_memory, &g.other_errors)
         );
         if g.double_allocs > 0 {
             head.push_str(&format!(
@@ -665,43 +783,23 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
     }
 
     if !r.failures.is_empty() {
-        writeln!(out, "failed allocations:")?;
-        for f in &r.failures {
-            let lines = site_lines(
-                &f.located.site,
-                &f.located.frames,
-                f.located.site_index,
-                opts.frames,
-            );
-            writeln!(
-                out,
-                "  {} {} on {} -> {} at {}, {} live on {}  at  {}",
-                f.api,
-                size(f.size),
-                device_name(f.device),
-                cuda_result(f.result),
-                seconds(f.time_ns),
-                size(f.live_bytes_on_device),
-                device_name(f.device),
-                lines[0]
-            )?;
-            for l in &lines[1..] {
-                writeln!(out, "      {l}")?;
-            }
-            if let Some(p) = &f.pool {
-                writeln!(
-                    out,
-                    "      the caching allocator then: {} allocated in blocks, {} reserved, {} of it cached and free",
-                    size(p.allocated_bytes),
-                    size(p.reserved_bytes),
-                    size(p.cached_bytes)
-                )?;
-            }
+        // Out of memory first: the failures that matter. Other errors (a capability probe such
+        // as PyTorch's cuMemCreate of a fabric handle) are said apart, never counted with them.
+        let mut head = format!("failed allocations: {} out of memory", r.out_of_memory);
+        if !r.other_errors.is_empty() {
+            head.push_str(&format!("; other errors: {}", describe_other(&r.other_errors)));
         }
-        if r.more_failures > 0 {
-            writeln!(out, "  ... and {} more", r.more_failures)?;
+        writeln!(out, "{head}")?;
+        let top = if opts.json { usize::MAX } else { opts.top.unwrap_or(DEFAULT_TOP) };
+        let oom: Vec<&FailureReport> = r.failures.iter().filter(|f| f.class == Failed::OutOfMemory.name()).collect();
+        let other: Vec<&FailureReport> = r.failures.iter().filter(|f| f.class != Failed::OutOfMemory.name()).collect();
+        for f in oom.iter().take(top) {
+            render_failure(f, opts, out)?;
         }
-        if let Some(last) = r.failures.last() {
+        if oom.len() > top {
+            writeln!(out, "  ... and {} more (see --top)", oom.len() - top)?;
+        }
+        if let Some(last) = oom.last() {
             if !r.last_failure_live.is_empty() {
                 writeln!(
                     out,
@@ -719,6 +817,18 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
                 }
                 render_sites(&g.sites, g.more_sites, opts, out)?;
             }
+        }
+        if !other.is_empty() {
+            writeln!(out, "other errors of allocation calls (not out of memory):")?;
+            for f in other.iter().take(top) {
+                render_failure(f, opts, out)?;
+            }
+            if other.len() > top {
+                writeln!(out, "  ... and {} more (see --top)", other.len() - top)?;
+            }
+        }
+        if r.more_failures > 0 {
+            writeln!(out, "  ... and {} more", r.more_failures)?;
         }
     }
     if !r.unknown_frees.is_empty() {
@@ -822,6 +932,7 @@ mod tests {
             }],
             "devices": [{"device": 0, "peak_bytes": 500, "peak_time_ns": 3_000, "live_bytes": 200}],
             "failures": [{"api": "cudaMalloc", "device": 0, "kind": "device", "size": 1u64 << 30, "result": 2,
+                          "error": "cudaErrorMemoryAllocation", "class": "out-of-memory",
                           "time_ns": 5_000, "live_bytes_on_device": 200, "site": frame(0x300), "frames": [frame(0x300)]}],
             "last_failure_live": [{"device": 0, "kind": "device", "live_bytes": 200, "live_count": 2,
                                    "sites": [{"bytes": 200, "count": 2, "function": null, "file": null, "line": null,
@@ -1017,6 +1128,53 @@ mod tests {
     }
 
     #[test]
+    fn a_capability_probe_is_not_a_failed_allocation() {
+        // PyTorch asks cuMemCreate for a fabric handle (not permitted here), later runs out of memory.
+        let mut b = TraceBuilder::new();
+        b.stack(1, &[0x100])
+            .stack(2, &[0x200])
+            .ok(MALLOC, 1, 0x1000, 100, 1)
+            .call(MEM_CREATE, 2, 0, 0, 2 << 20, 2, 800)
+            .call(MALLOC, 3, 0, 0, 1 << 30, 1, 2);
+        let r = report(&b, &Options::default());
+        let mut out = Vec::new();
+        render(&r, &Options::default(), &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let expected = "\
+failed allocations: 1 out of memory; other errors: 1 (CUDA_ERROR_NOT_PERMITTED from cuMemCreate, a capability probe)
+  cudaMalloc 1.0 GiB on device 0 -> error 2 (out of memory) at 0.000 s, 100 B live on device 0  at  0x100
+  when the last one failed (cudaMalloc of 1.0 GiB), live on device 0:
+    device memory: 100 B in 1 allocation
+       100 B     1x  0x100
+other errors of allocation calls (not out of memory):
+  cuMemCreate 2.0 MiB on device 0 -> error 800 (CUDA_ERROR_NOT_PERMITTED: not permitted), a capability probe (asking whether the device supports a kind of memory handle; not a failed allocation) at 0.000 s  at  0x200
+";
+        assert!(text.ends_with(expected), "{text}");
+        assert!(text.contains("device 0, device memory: 1 allocation, 100 B allocated, 0 frees, 1 failed (out of memory)\n"), "{text}");
+        assert!(
+            text.contains("device 0, vmm-physical memory: 0 allocations, 0 B allocated, 0 frees, failed: 0 out of memory; other errors: 1 (CUDA_ERROR_NOT_PERMITTED from cuMemCreate, a capability probe)\n"),
+            "{text}"
+        );
+        // JSON says which is which, in trace order.
+        let v = json_of(&b, &Options::default());
+        let got: Vec<(&str, &str)> =
+            v["failures"].as_array().unwrap().iter().map(|f| (f["error"].as_str().unwrap(), f["class"].as_str().unwrap())).collect();
+        assert_eq!(got, [("CUDA_ERROR_NOT_PERMITTED", "capability-probe"), ("cudaErrorMemoryAllocation", "out-of-memory")]);
+        // Several other errors are counted by name.
+        let mut b = TraceBuilder::new();
+        b.call(MEM_CREATE, 1, 0, 0, 2 << 20, 2, 800).call(MEM_CREATE, 2, 0, 0, 2 << 20, 2, 800).call(MALLOC, 3, 0, 0, 0, 1, 1);
+        let r = report(&b, &Options::default());
+        let mut out = Vec::new();
+        render(&r, &Options::default(), &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("failed allocations: 0 out of memory; other errors: 3 (1x cudaErrorInvalidValue from cudaMalloc; 2x CUDA_ERROR_NOT_PERMITTED from cuMemCreate, capability probes)\n"),
+            "{text}"
+        );
+        assert!(!text.contains("when the last one failed"), "{text}");
+    }
+
+    #[test]
     fn terminal_output() {
         let mut out = Vec::new();
         let r = report(&sample(), &Options::default());
@@ -1026,13 +1184,13 @@ mod tests {
 t.trace: pid 1234 /usr/bin/demo (demo --fast), 6 events, complete
   warning: the tracer dropped 4 events; the numbers below miss them
   notice: hello
-device 0, device memory: 3 allocations, 500 B allocated, 1 free, 1 failed
+device 0, device memory: 3 allocations, 500 B allocated, 1 free, 1 failed (out of memory)
   peak 500 B (3 live) at 0.000 s:
        300 B     1x  0x300
        200 B     2x  0x100
   live at end (leaked) 200 B in 2 allocations:
        200 B     2x  0x100
-failed allocations:
+failed allocations: 1 out of memory
   cudaMalloc 1.0 GiB on device 0 -> error 2 (out of memory) at 0.000 s, 200 B live on device 0  at  0x300
   when the last one failed (cudaMalloc of 1.0 GiB), live on device 0:
     device memory: 200 B in 2 allocations

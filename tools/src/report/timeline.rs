@@ -112,7 +112,7 @@ pub fn render(trace: &Trace, device: Option<i32>, html: bool) -> String {
     let failures_n = trace
         .failures
         .iter()
-        .filter(|f| device.is_none_or(|d| d == f.device))
+        .filter(|f| device.is_none_or(|d| d == f.device) && f.counts())
         .count();
     let _ = writeln!(
         s,
@@ -288,7 +288,7 @@ pub fn render(trace: &Trace, device: Option<i32>, html: bool) -> String {
         for f in trace
             .failures
             .iter()
-            .filter(|f| f.device == key.device && f.kind == key.kind)
+            .filter(|f| f.device == key.device && f.kind == key.kind && f.counts())
         {
             let x = x_of(f.time_ns);
             let _ = writeln!(

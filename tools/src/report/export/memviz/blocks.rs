@@ -54,7 +54,9 @@ impl Blocks {
             (StepKind::Free, MemKind::VmmReserved) => {
                 self.reservations.remove(&s.addr);
             }
-            (StepKind::FailedAlloc, MemKind::Device | MemKind::Managed | MemKind::VmmPhysical) => {
+            (StepKind::FailedAlloc, MemKind::Device | MemKind::Managed | MemKind::VmmPhysical)
+                if crate::units::classify(s.api, s.result) == crate::units::Failed::OutOfMemory =>
+            {
                 self.traces.push(d, Entry { addr: 0, ..Entry::of("oom", s) });
             }
             (StepKind::Alloc | StepKind::Free, MemKind::Block | MemKind::Device | MemKind::VmmMapped) => {

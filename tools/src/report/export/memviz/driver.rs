@@ -55,7 +55,11 @@ impl Driver {
                     self.traces.push(d, Entry { stream, ..Entry::of(a, s) });
                 }
             }
-            StepKind::FailedAlloc => self.traces.push(d, Entry::of("oom", s)),
+            // memory_viz marks an "oom"; other errors (a capability probe) are not one.
+            StepKind::FailedAlloc if crate::units::classify(s.api, s.result) == crate::units::Failed::OutOfMemory => {
+                self.traces.push(d, Entry::of("oom", s))
+            }
+            StepKind::FailedAlloc => {}
             StepKind::BadFree | StepKind::Ignored => {}
         }
     }
