@@ -232,14 +232,15 @@ fn phases_cmd(sel: &Select, json: bool) -> Result<(), String> {
         if t.ext.by_phase.is_empty() {
             writeln!(w, "no allocations")?;
         }
-        writeln!(w, "{:<24} {:>6} {:<13} {:>11} {:>12} {:>7}", "phase", "device", "kind", "allocations", "allocated", "failed")?;
+        writeln!(w, "{:<24} {:<11} {:<13} {:>11} {:>12} {:>7}", "phase", "device", "kind", "allocations", "allocated", "failed")?;
         for ((k, n), u) in &t.ext.by_phase {
             let name = if n.is_empty() { "(none)" } else { n.as_str() };
+            let device = if k.device < 0 { "host memory".to_string() } else { k.device.to_string() };
             writeln!(
                 w,
-                "{:<24} {:>6} {:<13} {:>11} {:>12} {:>7}",
+                "{:<24} {:<11} {:<13} {:>11} {:>12} {:>7}",
                 name,
-                k.device,
+                device,
                 k.kind.name(),
                 u.allocations,
                 size(u.bytes),

@@ -24,6 +24,21 @@ pub fn place(device: i32) -> String {
     }
 }
 
+/// A memory group's name in text reports: `device 0, device memory`, `device 0, blocks (tensors
+/// of the caching allocator)`, `host memory (pinned)`, `vmm-reserved address space`. Device -1
+/// in a trace is host memory; address reservations (device -1 too) are address space, no memory.
+pub fn group_label(device: i32, kind: gpumemtrace_format::MemKind) -> String {
+    use gpumemtrace_format::MemKind;
+    match kind {
+        MemKind::HostPinned => "host memory (pinned)".to_string(),
+        MemKind::VmmReserved => "vmm-reserved address space".to_string(),
+        MemKind::Block if device >= 0 => format!("device {device}, blocks (tensors of the caching allocator)"),
+        k if device >= 0 => format!("device {device}, {} memory", k.name()),
+        // GPU memory whose device the tracer could not tell.
+        k => format!("unknown device, {} memory", k.name()),
+    }
+}
+
 /// `1 allocation`, `2 allocations`.
 pub fn count(n: impl Into<u64>, noun: &str) -> String {
     let n = n.into();
@@ -164,6 +179,17 @@ mod tests {
         assert_eq!(seconds(0), "0.000 s");
         assert_eq!(cuda_result(2), "error 2 (out of memory)");
         assert_eq!(cuda_result(12345), "error 12345");
+    }
+
+    #[test]
+    fn host_memory_has_one_name() {
+        use gpumemtrace_format::MemKind;
+        assert_eq!(place(-1), "host memory");
+        assert_eq!(place(3), "device 3");
+        assert_eq!(group_label(-1, MemKind::HostPinned), "host memory (pinned)");
+        assert_eq!(group_label(-1, MemKind::VmmReserved), "vmm-reserved address space");
+        assert_eq!(group_label(0, MemKind::Device), "device 0, device memory");
+        assert_eq!(group_label(1, MemKind::Block), "device 1, blocks (tensors of the caching allocator)");
     }
 
     #[test]

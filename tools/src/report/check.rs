@@ -118,7 +118,12 @@ pub fn check(path: &str, trace: &Trace, b: &Budgets) -> Result<TraceCheck, Strin
             if wanted(k.device) && is_memory(k.kind) && g.live_bytes > 0 {
                 bytes += g.live_bytes;
                 count += g.live_count;
-                kinds.push(format!("{} memory on device {}: {}", k.kind.name(), k.device, size(g.live_bytes)));
+                let what = if k.device < 0 {
+                    crate::units::group_label(k.device, k.kind)
+                } else {
+                    format!("{} memory on device {}", k.kind.name(), k.device)
+                };
+                kinds.push(format!("{what}: {}", size(g.live_bytes)));
             }
         }
         let ok = bytes <= limit;
@@ -179,7 +184,7 @@ pub fn check(path: &str, trace: &Trace, b: &Budgets) -> Result<TraceCheck, Strin
 fn pool_budget(trace: &Trace, check: &'static str, limit: u64, device: Option<i32>, out: &mut Vec<CheckResult>) -> Result<(), String> {
     let pools: Vec<_> = trace.pools.iter().filter(|(d, _)| device.is_none_or(|w| w == **d)).collect();
     if pools.is_empty() {
-        let place = device.map_or("in this trace".to_string(), |d| format!("on device {d}"));
+        let place = device.map_or("in this trace".to_string(), |d| if d < 0 { "in host memory".to_string() } else { format!("on device {d}") });
         return Err(format!(
             "--{check} needs blocks of PyTorch's caching allocator, and there are none {place} \
              (the program did not allocate through it, or its blocks were not traced); --max-peak gates driver allocations"

@@ -232,11 +232,11 @@ pub fn render(d: &mut Diff, top: Option<usize>, json: bool, out: &mut dyn Write)
         for s in v.iter().take(top) {
             writeln!(
                 out,
-                "  {:>11}  {:>10} -> {:<10}  device {} {:<8} {}",
+                "  {:>11}  {:>10} -> {:<10}  {} {:<8} {}",
                 signed(s.change.delta),
                 size(s.change.a),
                 size(s.change.b),
-                s.device,
+                crate::units::place(s.device),
                 s.kind,
                 s.site
             )?;

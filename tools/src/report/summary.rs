@@ -111,6 +111,8 @@ pub struct GroupReport {
     #[serde(skip)]
     more_growing_sites: usize,
     #[serde(skip)]
+    mem_kind: MemKind,
+    #[serde(skip)]
     double_allocs: u64,
     #[serde(skip)]
     out_of_memory: u64,
@@ -347,6 +349,7 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
         let mut growing = trace.growth.get(key).map(|t| growth_sites(t, trace, &mut sym, n)).unwrap_or_default();
         let (out_of_memory, other_errors) = tally(trace.failures.iter().filter(|f| f.device == key.device && f.kind == key.kind));
         groups.push(GroupReport {
+            mem_kind: key.kind,
             out_of_memory,
             other_errors,
             device: key.device,
@@ -485,11 +488,7 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
 // Terminal output
 
 fn device_name(device: i32) -> String {
-    if device < 0 {
-        "host".to_string()
-    } else {
-        format!("device {device}")
-    }
+    crate::units::place(device)
 }
 
 /// The site line and, with `--frames N`, its callers: N frames starting at the site.
@@ -572,7 +571,10 @@ fn render_growth(g: &GroupReport, opts: &Options, out: &mut dyn Write) -> io::Re
 fn render_failure(f: &FailureReport, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
     let lines = site_lines(&f.located.site, &f.located.frames, f.located.site_index, opts.frames);
     let place = device_name(f.device);
-    if f.class == Failed::OutOfMemory.name() {
+    if f.class == Failed::OutOfMemory.name() && f.device < 0 {
+        // Host memory: the GPU memory live "on it" means nothing.
+        writeln!(out, "  {} {} of {place} -> {} at {}  at  {}", f.api, size(f.size), cuda_result(f.result), seconds(f.time_ns), lines[0])?;
+    } else if f.class == Failed::OutOfMemory.name() {
         writeln!(
             out,
             "  {} {} on {place} -> {} at {}, {} live on {place}  at  {}",
@@ -593,7 +595,8 @@ fn render_failure(f: &FailureReport, opts: &Options, out: &mut dyn Write) -> io:
         } else {
             ""
         };
-        writeln!(out, "  {} {} on {place} -> {name}{probe} at {}  at  {}", f.api, size(f.size), seconds(f.time_ns), lines[0])?;
+        let on = if f.device < 0 { "of" } else { "on" };
+        writeln!(out, "  {} {} {on} {place} -> {name}{probe} at {}  at  {}", f.api, size(f.size), seconds(f.time_ns), lines[0])?;
     }
     for l in &lines[1..] {
         writeln!(out, "      {l}")?;
@@ -662,18 +665,9 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
     };
     for g in &r.groups {
         let pool = r.pools.iter().find(|p| p.device == g.device);
-        let kind = match g.kind {
-            "block" => "blocks (tensors of the caching allocator)".to_string(),
-            k => format!("{k} memory"),
-        };
         let mut head = format!(
-            "{}, {kind}: {}, {} allocated, {}, {}",
-            // Address reservations belong to no device; only pinned memory is "host".
-            if g.device < 0 && g.kind != "host-pinned" {
-                "no device".to_string()
-            } else {
-                device_name(g.device)
-            },
+            "{}: {}, {} allocated, {}, {}",
+            crate::units::group_label(g.device, g.mem_kind),
             count(g.allocations, "allocation"),
             size(g.allocated_bytes),
             count(g.frees, "free"),
@@ -1172,6 +1166,36 @@ other errors of allocation calls (not out of memory):
             "{text}"
         );
         assert!(!text.contains("when the last one failed"), "{text}");
+    }
+
+    #[test]
+    fn host_memory_is_called_host_memory_under_its_own_heading() {
+        let mut b = TraceBuilder::new();
+        b.stack(1, &[0x100])
+            .call(MALLOC_HOST, 1, -1, 0x7000, 4, 1, 0)
+            .call(ADDRESS_RESERVE, 2, -1, 0x4000_0000, 1 << 30, 1, 0)
+            .ok(MALLOC, 3, 0x1000, 100, 1)
+            .call(MALLOC_HOST, 4, -1, 0, 1 << 40, 1, 2);
+        for opts in [Options::default(), Options { device: Some(-1), ..Options::default() }] {
+            let r = report(&b, &opts);
+            let mut out = Vec::new();
+            render(&r, &opts, &mut out).unwrap();
+            let text = String::from_utf8(out).unwrap();
+            assert!(
+                text.contains("\nhost memory (pinned): 1 allocation, 4 B allocated, 0 frees, 1 failed (out of memory)\n  peak 4 B (1 live) at 0.000 s:\n         4 B     1x  0x100\n"),
+                "{text}"
+            );
+            assert!(text.contains("\nvmm-reserved address space: 1 allocation, 1.0 GiB allocated"), "{text}");
+            assert!(text.contains("  cudaMallocHost 1.0 TiB of host memory -> error 2 (out of memory) at 0.000 s  at  0x100\n"), "{text}");
+            // Every peak line has a heading right above it.
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, l) in lines.iter().enumerate().filter(|(_, l)| l.trim_start().starts_with("peak ")) {
+                assert!(i > 0 && !lines[i - 1].starts_with(' '), "no heading above {l:?}:\n{text}");
+            }
+            for word in ["no device", "device -1", "host,"] {
+                assert!(!text.contains(word), "{word:?} in:\n{text}");
+            }
+        }
     }
 
     #[test]

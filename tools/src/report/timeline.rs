@@ -104,9 +104,14 @@ pub fn render(trace: &Trace, device: Option<i32>, html: bool) -> String {
             p.pid,
         )
     });
+    let memory = if groups.iter().any(|(k, _)| k.kind == gpumemtrace_format::MemKind::HostPinned) {
+        "GPU and host memory"
+    } else {
+        "GPU memory"
+    };
     let _ = writeln!(
         s,
-        r##"<text x="{LEFT}" y="24" font-size="17" font-weight="bold">GPU memory over time: {} (pid {pid})</text>"##,
+        r##"<text x="{LEFT}" y="24" font-size="17" font-weight="bold">{memory} over time: {} (pid {pid})</text>"##,
         esc(&exe)
     );
     let failures_n = trace
@@ -161,11 +166,7 @@ pub fn render(trace: &Trace, device: Option<i32>, html: bool) -> String {
         let ymax = ymax_data.div_ceil(step).max(1) * step;
         let y_of = |v: u64| PANEL_H - v as f64 / ymax as f64 * PANEL_H;
         let top = TOP + i as f64 * (PANEL_H + GAP);
-        let title = format!(
-            "device {} · {} memory",
-            key.device,
-            key.kind.name()
-        );
+        let title = crate::units::group_label(key.device, key.kind).replacen(", ", " · ", 1);
         let _ = writeln!(
             s,
             r##"<g class="panel" data-device="{}" data-kind="{}" transform="translate({LEFT},{top})">"##,
@@ -174,11 +175,11 @@ pub fn render(trace: &Trace, device: Option<i32>, html: bool) -> String {
         );
         let _ = writeln!(
             s,
-            r##"<text x="0" y="-8" font-weight="bold">{}</text><text x="{PLOT_W}" y="-8" text-anchor="end" fill="#555">peak {} · live at end {} · {} allocations</text>"##,
+            r##"<text x="0" y="-8" font-weight="bold">{}</text><text x="{PLOT_W}" y="-8" text-anchor="end" fill="#555">peak {} · live at end {} · {}</text>"##,
             esc(&title),
             size(g.peak_bytes),
             size(g.live_bytes),
-            g.allocations
+            crate::units::count(g.allocations, "allocation")
         );
         // Y grid and labels.
         let mut v = 0;
@@ -293,7 +294,7 @@ pub fn render(trace: &Trace, device: Option<i32>, html: bool) -> String {
             let x = x_of(f.time_ns);
             let _ = writeln!(
                 s,
-                r##"<g class="failure" data-size="{}" data-time-ns="{}" data-t="{}" transform="translate({x:.2},0)"><line y1="0" y2="{PANEL_H}" stroke="#d62728" stroke-dasharray="4,3"/><path d="M-5,{y1} l10,10 m0,-10 l-10,10" stroke="#d62728" stroke-width="2.5"/><text x="-8" y="{ty}" text-anchor="end" fill="#d62728">{} {} failed</text><title>{} of {} failed at {} with {} live on device {}</title></g>"##,
+                r##"<g class="failure" data-size="{}" data-time-ns="{}" data-t="{}" transform="translate({x:.2},0)"><line y1="0" y2="{PANEL_H}" stroke="#d62728" stroke-dasharray="4,3"/><path d="M-5,{y1} l10,10 m0,-10 l-10,10" stroke="#d62728" stroke-width="2.5"/><text x="-8" y="{ty}" text-anchor="end" fill="#d62728">{} {} failed</text><title>{} of {} failed at {} with {} live on {}</title></g>"##,
                 f.size,
                 f.time_ns,
                 f.time_ns,
@@ -303,7 +304,7 @@ pub fn render(trace: &Trace, device: Option<i32>, html: bool) -> String {
                 size(f.size),
                 seconds(f.time_ns),
                 size(f.live_bytes_on_device),
-                f.device,
+                crate::units::place(f.device),
                 y1 = PANEL_H - 16.0,
                 ty = PANEL_H - 6.0,
             );
@@ -400,3 +401,21 @@ svg.addEventListener('mousemove',ev=>{
   const sx=LEFT+x;cursor.setAttribute('x1',sx);cursor.setAttribute('x2',sx);cursor.setAttribute('y1',60);cursor.setAttribute('y2',svg.viewBox.baseVal.height-30)});
 svg.addEventListener('mouseleave',()=>{tip.style.display='none'});
 })();"##;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tests::*;
+
+    #[test]
+    fn host_memory_panels_say_host_memory() {
+        let mut b = TraceBuilder::new();
+        b.call(MALLOC_HOST, 1, -1, 0x7000, 4, 0, 0).ok(MALLOC, 2, 0x1000, 100, 0);
+        let svg = render(&b.load(), None, false);
+        assert!(svg.contains(">GPU and host memory over time: demo (pid 1234)</text>"), "{svg}");
+        assert!(svg.contains(r#"font-weight="bold">host memory (pinned)</text>"#), "{svg}");
+        assert!(svg.contains(r#"font-weight="bold">device 0 · device memory</text>"#), "{svg}");
+        assert!(svg.contains("peak 4 B · live at end 4 B · 1 allocation</text>"), "{svg}");
+        assert!(!svg.contains("device -1"), "{svg}");
+    }
+}

@@ -58,7 +58,11 @@ pub fn render(trace: &Trace, device: Option<i32>, pools: &PoolCounters) -> Value
         if device.is_some_and(|d| d != key.device) || (key.kind == MemKind::Block && pools.allocated.contains_key(&key.device)) {
             continue;
         }
-        let name = format!("device {} {} memory (bytes)", key.device, key.kind.name());
+        let name = if key.device < 0 {
+            format!("{} (bytes)", crate::units::group_label(key.device, key.kind))
+        } else {
+            format!("device {} {} memory (bytes)", key.device, key.kind.name())
+        };
         for (t, _lo, hi, last) in series.points() {
             ev.push(json!({"name": name, "ph": "C", "ts": us(t), "pid": pid, "tid": 0, "args": {"live": hi}}));
             if last != hi {
