@@ -566,6 +566,38 @@ fn render_growth(g: &GroupReport, opts: &Options, out: &mut dyn Write) -> io::Re
     Ok(())
 }
 
+/// The physical memory (cuMemCreate handles) under the mappings `mapped` of its device: the
+/// same bytes, so one line, and the handles still held beyond what is mapped.
+fn render_backing(ph: &GroupReport, mapped: &GroupReport, live_label: &str, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
+    let live = ph.live_at_python_exit_bytes.unwrap_or(ph.live_bytes);
+    let live_n = ph.live_at_python_exit_count.unwrap_or(ph.live_count);
+    let mapped_live = mapped.live_at_python_exit_bytes.unwrap_or(mapped.live_bytes);
+    let mut line = format!(
+        "  backed by physical memory (the same bytes, not more): {}, {} created, {}, peak {}",
+        count(ph.allocations, "cuMemCreate handle"),
+        size(ph.allocated_bytes),
+        count(ph.frees, "release"),
+        size(ph.peak_bytes)
+    );
+    if ph.out_of_memory > 0 || !ph.other_errors.is_empty() {
+        line.push_str(&format!("; cuMemCreate {}", describe_failed(ph.out_of_memory, &ph.other_errors)));
+    }
+    if live > mapped_live {
+        // Handles held and not (all) mapped: GPU memory all the same.
+        writeln!(
+            out,
+            "{line}; {} {} in {}, {} more than is mapped:",
+            if live_label.starts_with("live at end") { "held at the end" } else { live_label },
+            size(live),
+            count(live_n, "handle"),
+            size(live - mapped_live)
+        )?;
+        render_sites(&ph.leak_sites, ph.more_leak_sites, opts, out)
+    } else {
+        writeln!(out, "{line}")
+    }
+}
+
 /// One failed allocation call: out of memory with what was live on its device then, other
 /// errors by name.
 fn render_failure(f: &FailureReport, opts: &Options, out: &mut dyn Write) -> io::Result<()> {
@@ -663,7 +695,18 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
     } else {
         "live when the trace stops"
     };
+    // VMM: a mapping (cuMemMap) is physical memory (cuMemCreate) given addresses, the same
+    // bytes. Where both are there, the mapped memory is shown once, backed by its handles.
+    let backing = |g: &GroupReport| {
+        (g.kind == "vmm-mapped" && g.allocations > 0)
+            .then(|| r.groups.iter().find(|p| p.device == g.device && p.kind == "vmm-physical" && p.allocations > 0))
+            .flatten()
+    };
+    let backs: Vec<i32> = r.groups.iter().filter_map(|g| backing(g).map(|p| p.device)).collect();
     for g in &r.groups {
+        if g.kind == "vmm-physical" && g.allocations > 0 && backs.contains(&g.device) {
+            continue; // under its mappings
+        }
         let pool = r.pools.iter().find(|p| p.device == g.device);
         let mut head = format!(
             "{}: {}, {} allocated, {}, {}",
@@ -693,6 +736,9 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
             seconds(g.peak_time_ns)
         )?;
         render_sites(&g.peak_sites, g.more_peak_sites, opts, out)?;
+        if let Some(ph) = backing(g) {
+            render_backing(ph, g, live_label, opts, out)?;
+        }
         if g.kind == "vmm-reserved" {
             // Address space is not memory: never a leak of bytes.
             if g.live_count > 0 {
@@ -1196,6 +1242,47 @@ other errors of allocation calls (not out of memory):
                 assert!(!text.contains(word), "{word:?} in:\n{text}");
             }
         }
+    }
+
+    #[test]
+    fn vmm_mappings_are_shown_once_backed_by_their_handles() {
+        use gpumemtrace_format::Event;
+        let map = |t, va, size, handle| {
+            Record::Event(Event { api: MEM_MAP, time_ns: t, addr: va, size, extra: handle, stack: 2, tid: 1, ..Event::default() })
+        };
+        let mut b = TraceBuilder::new();
+        b.stack(1, &[0x100])
+            .stack(2, &[0x200])
+            .ok(MEM_CREATE, 1, 0x10, 2 << 20, 1)
+            .ok(MEM_CREATE, 2, 0x20, 2 << 20, 1) // created, never mapped: still GPU memory
+            .call(ADDRESS_RESERVE, 3, -1, 0x4000_0000, 8 << 20, 2, 0)
+            .rec(map(4, 0x4000_0000, 2 << 20, 0x10));
+        let r = report(&b, &Options::default());
+        let mut out = Vec::new();
+        render(&r, &Options::default(), &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let expected = "\
+device 0, vmm-mapped memory: 1 allocation, 2.0 MiB allocated, 0 frees, 0 failed
+  peak 2.0 MiB (1 live) at 0.000 s:
+     2.0 MiB     1x  0x200
+  backed by physical memory (the same bytes, not more): 2 cuMemCreate handles, 4.0 MiB created, 0 releases, peak 4.0 MiB; held at the end 4.0 MiB in 2 handles, 2.0 MiB more than is mapped:
+     4.0 MiB     2x  0x100
+  live at end (leaked) 2.0 MiB in 1 allocation:
+     2.0 MiB     1x  0x200
+";
+        assert!(text.contains(expected), "{text}");
+        assert!(!text.contains("vmm-physical memory:"), "physical memory is not a second group of its own: {text}");
+        // JSON keeps both groups, for tools.
+        let v = json_of(&b, &Options::default());
+        let kinds: Vec<&str> = v["groups"].as_array().unwrap().iter().map(|g| g["kind"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["vmm-reserved", "vmm-physical", "vmm-mapped"]);
+        // Handles without mappings are shown as what they are.
+        let mut b = TraceBuilder::new();
+        b.ok(MEM_CREATE, 1, 0x10, 2 << 20, 1);
+        let r = report(&b, &Options::default());
+        let mut out = Vec::new();
+        render(&r, &Options::default(), &mut out).unwrap();
+        assert!(String::from_utf8(out).unwrap().contains("device 0, vmm-physical memory: 1 allocation"));
     }
 
     #[test]
