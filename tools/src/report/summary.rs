@@ -204,7 +204,7 @@ fn describe_other(v: &[ErrorTally]) -> String {
 /// `failed: 1 out of memory; other errors: 1 (...)`.
 fn describe_failed(out_of_memory: u64, other: &[ErrorTally]) -> String {
     match (out_of_memory, other.is_empty()) {
-        (n, true) if n == 0 => "0 failed".to_string(),
+        (0, true) => "0 failed".to_string(),
         (n, true) => format!("{n} failed (out of memory)"),
         (n, false) => format!("failed: {n} out of memory; other errors: {}", describe_other(other)),
     }
