@@ -33,6 +33,8 @@ pub struct Config {
     /// crate: the reference, ~100 ns a frame) instead of the fast one (cached DWARF rules,
     /// src/fastunwind.rs; the default, x86-64 only).
     pub backtrace_unwinder: bool,
+    /// `GPUMEMTRACE_COMPRESS=0`: records written as they are, not as a zstd stream (docs/format.md).
+    pub compress: bool,
 }
 
 /// A switch's value, `None` when it is neither on nor off.
@@ -90,6 +92,7 @@ impl Config {
         let interpreter_frames = flag("GPUMEMTRACE_INTERPRETER_FRAMES", false, "the interpreter's native frames are left out");
         let output = get("GPUMEMTRACE_OUTPUT").filter(|s| !s.is_empty());
         let backtrace_unwinder = get("GPUMEMTRACE_UNWINDER").is_some_and(|v| v == "backtrace");
+        let compress = flag("GPUMEMTRACE_COMPRESS", true, "traces stay compressed");
         Config {
             output,
             max_frames,
@@ -102,6 +105,7 @@ impl Config {
             python,
             interpreter_frames,
             backtrace_unwinder,
+            compress,
         }
     }
 }

@@ -58,6 +58,9 @@ pub struct Writer {
     unmapped: HashSet<u64>,
     pub events: u64,
     pub dropped: u64,
+    /// The body's compressor (`Config::compress`), and its output before it is written.
+    zstd: Option<fmt::Compressor>,
+    out: Vec<u8>,
     last_flush: Instant,
     /// Messages that arrived ahead of their turn, by sequence number (see `clock::next_seq`).
     pending: BTreeMap<u64, Msg>,
@@ -80,7 +83,9 @@ impl Writer {
             file,
             path,
             enc: Encoder::new(),
-            buf: fmt::header().to_vec(),
+            buf: Vec::new(),
+            zstd: None,
+            out: Vec::new(),
             start_ns,
             stacks: HashMap::default(),
             py_codes: HashMap::new(),
@@ -96,6 +101,10 @@ impl Writer {
             next_seq: 0,
             gap_since: None,
         };
+        // Compression is an economy, not a requirement: without a compressor, plain records.
+        w.zstd = if config.compress { fmt::Compressor::new().ok() } else { None };
+        let flags = if w.zstd.is_some() { fmt::flags::ZSTD } else { 0 };
+        write_all_without_sigxfsz(&mut w.file, &fmt::header_with(flags))?;
         w.put(&Record::Process(process_info(start_ns, config)));
         for (&id, hook) in ALL.iter().zip(HOOKS) {
             if let Some((kind, op)) = hook.event {
@@ -361,7 +370,13 @@ impl Writer {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let r = write_all_without_sigxfsz(&mut self.file, &self.buf);
+        let r = match &mut self.zstd {
+            Some(z) => {
+                self.out.clear();
+                z.compress(&self.buf, &mut self.out).and_then(|_| write_all_without_sigxfsz(&mut self.file, &self.out))
+            }
+            None => write_all_without_sigxfsz(&mut self.file, &self.buf),
+        };
         self.buf.clear();
         r
     }

@@ -244,13 +244,15 @@ fn an_unwritable_output_directory_is_reported_once_and_changes_nothing_else() {
 
 #[test]
 fn a_full_disk_is_reported_once_and_never_kills_the_program() {
-    // A 64 KiB file-size limit: the trace outgrows it; the kernel's SIGXFSZ must not kill the host.
+    // A 64 KiB file-size limit: the (uncompressed) trace outgrows it; the kernel's SIGXFSZ must
+    // not kill the host.
     let dir = scratch("disk-full");
     let prog = emu().join("prog_threads");
     let out = Command::new("sh")
         .arg("-c")
         .arg(format!("ulimit -f 128; exec {} 4 2000", prog.display()))
         .env("LD_PRELOAD", shim())
+        .env("GPUMEMTRACE_COMPRESS", "0")
         .env("GPUMEMTRACE_OUTPUT", format!("{}/", dir.display()))
         .output()
         .unwrap();
@@ -293,7 +295,7 @@ fn record_ends(bytes: &[u8]) -> Vec<u64> {
 
 #[test]
 fn every_prefix_of_a_real_trace_reads_up_to_its_last_complete_record() {
-    let run = run_traced("prog_driver", &[], &[]);
+    let run = run_traced("prog_driver", &[], &[("GPUMEMTRACE_COMPRESS", "0")]);
     let bytes = std::fs::read(&run.traces[0]).unwrap();
     let ends = record_ends(&bytes);
     for cut in gpumemtrace_format::HEADER_LEN..bytes.len() {
@@ -313,6 +315,31 @@ fn every_prefix_of_a_real_trace_reads_up_to_its_last_complete_record() {
             Some(ReadError::Truncated { offset }) => assert_eq!(offset, ends[complete]),
             Some(e) => panic!("cut at {cut}: {e}"),
         }
+    }
+}
+
+#[test]
+fn every_prefix_of_a_compressed_trace_reads_a_prefix_of_its_records() {
+    // The default: records in a zstd stream. A cut anywhere gives the records before it, in
+    // order, and then a clean end or a cut record, never garbage.
+    let run = run_traced("prog_driver", &[], &[]);
+    let bytes = std::fs::read(&run.traces[0]).unwrap();
+    assert_eq!(u16::from_le_bytes([bytes[10], bytes[11]]), gpumemtrace_format::flags::ZSTD);
+    let all: Vec<_> = Reader::new(&bytes[..]).unwrap().map(|r| r.unwrap()).collect();
+    assert!(matches!(all.last(), Some(gpumemtrace_format::Record::Stats(s)) if s.final_), "{:?}", all.last());
+    let mut prev = 0;
+    for cut in gpumemtrace_format::HEADER_LEN..bytes.len() {
+        let mut got = Vec::new();
+        for r in Reader::new(&bytes[..cut]).unwrap() {
+            match r {
+                Ok(rec) => got.push(rec),
+                Err(ReadError::Truncated { .. }) => break,
+                Err(e) => panic!("cut at {cut}: {e}"),
+            }
+        }
+        assert_eq!(got[..], all[..got.len()], "cut at {cut}");
+        assert!(got.len() >= prev, "cut at {cut}: fewer records than a shorter prefix gave");
+        prev = got.len();
     }
 }
 
