@@ -703,8 +703,8 @@ pub fn remember(codes: &[(u64, u64)]) {
 
 /// After fork the child keeps the parent's interpreter; its new trace knows no code objects.
 pub fn forget_codes() {
-    for i in 0..CACHE {
-        KEYS[i].store(0, Relaxed);
+    for k in KEYS.iter().take(CACHE) {
+        k.store(0, Relaxed);
     }
 }
 
