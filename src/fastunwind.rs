@@ -105,11 +105,10 @@ struct Memo {
     frames: Vec<Walked>,
     /// Stack words read, in order: frame `i` read `reads[frames[i].reads..frames[i + 1].reads]`.
     reads: Vec<(u64, u64)>,
-    /// The walk stopped at the frame limit or at a stop frame (and could go on from its last frame).
+    /// The walk stopped at the frame limit (and could go on from its last frame).
     at_max: bool,
-    /// ...at a stop frame (see `capture`).
-    stopped: bool,
-    /// The walk had stop frames: a memo is only used by walks of the same kind.
+    /// The walk had stop frames: a memo is only used by walks of the same kind, whose ends
+    /// (a stop frame, the stack's end, unknown code) are then the same.
     with_stop: bool,
 }
 
@@ -139,9 +138,6 @@ impl Caches {
     }
     fn for_address(&mut self, a: u64) -> &mut CacheX86_64 {
         &mut self.0[((a / SLOTS) % WAYS as u64) as usize]
-    }
-    fn hits(&self) -> u64 {
-        self.0.iter().map(|c| c.stats().hit_count).sum()
     }
 }
 
@@ -178,15 +174,12 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
             let t = c.get_or_insert_with(|| {
                 Box::new(PerThread { caches: Caches::new(), memo: Memo::default(), next: Memo::default(), walked: 0, missed: 0 })
             });
-            let PerThread { caches, memo, next, walked: walked_total, missed: missed_total } = &mut **t;
-            let hits_before = caches.hits();
-            let mut walked = 0u64;
+            let PerThread { caches, memo, next, walked, missed } = &mut **t;
             'again: loop {
                 frames.clear();
                 next.frames.clear();
                 next.reads.clear();
                 next.at_max = false;
-                next.stopped = false;
                 next.with_stop = !stop.is_empty();
                 next.snap = snap as *const Snapshot as usize;
                 let mut memo_ok = memo.snap == next.snap && memo.with_stop == next.with_stop;
@@ -207,7 +200,7 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                                 // SAFETY: `a..a+8` lies within this thread's mapped stack.
                                 in_stack(a) && unsafe { (a as *const u64).read_unaligned() } == v
                             });
-                            if valid && same_as_memo && j == k && (!memo.at_max || memo.stopped) {
+                            if valid && same_as_memo && j == k && !memo.at_max {
                                 // The whole walk is the previous one: keep it as the memo.
                                 frames.extend(memo.frames[j..].iter().map(|w| w.addr.address()).filter(|&a| {
                                     let ours = in_tracer && skip.iter().any(|&(s, e)| a >= s && a < e);
@@ -232,7 +225,6 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                                     frames.push(a);
                                 }
                                 next.at_max = memo.at_max;
-                                next.stopped = memo.stopped;
                                 if frames.len() >= max {
                                     // Deeper than the previous walk: its end is not this one's.
                                     let excess = frames.len() - max;
@@ -241,10 +233,9 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                                     let keep = next.frames.last().map_or(0, |w| w.reads as usize);
                                     next.reads.truncate(keep);
                                     next.at_max = true;
-                                    next.stopped = false;
                                     break;
                                 }
-                                if !memo.at_max || memo.stopped {
+                                if !memo.at_max {
                                     break; // the previous walk reached the stack's end, unknown code or a stop frame here too
                                 }
                                 // The previous walk stopped at its limit: go on from its last frame.
@@ -288,8 +279,6 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                         break;
                     }
                     if stop.iter().any(|&(s, e)| a >= s && a < e) {
-                        next.at_max = true;
-                        next.stopped = true;
                         break;
                     }
                     if frames.len() >= max {
@@ -306,8 +295,12 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                         reads.push((a, v));
                         Ok(v)
                     };
-                    walked += 1;
-                    match snap.unwinder.unwind_frame(addr, &mut regs, caches.for_address(addr.address_for_lookup()), &mut read) {
+                    let cache = caches.for_address(addr.address_for_lookup());
+                    let hits = cache.stats().hit_count;
+                    let unwound = snap.unwinder.unwind_frame(addr, &mut regs, cache, &mut read);
+                    *walked += 1;
+                    *missed += (cache.stats().hit_count == hits) as u64;
+                    match unwound {
                         Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
                             Some(f) => addr = f,
                             None => break,
@@ -316,13 +309,9 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                     }
                 }
                 std::mem::swap(memo, next);
-                if walked > 0 {
-                    *walked_total += walked;
-                    *missed_total += walked.saturating_sub(caches.hits() - hits_before);
-                    if *walked_total >= 256 {
-                        WALKED.fetch_add(std::mem::take(walked_total), Relaxed);
-                        MISSED.fetch_add(std::mem::take(missed_total), Relaxed);
-                    }
+                if *walked >= 256 {
+                    WALKED.fetch_add(std::mem::take(walked), Relaxed);
+                    MISSED.fetch_add(std::mem::take(missed), Relaxed);
                 }
                 return Ok(same_as_memo);
             }

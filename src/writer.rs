@@ -78,13 +78,17 @@ const MAX_PENDING: usize = 65536;
 
 impl Writer {
     /// Writes the header, the process, the hook table and the current module map.
-    pub fn create(file: File, path: PathBuf, start_ns: u64, config: &Config, early_phases: Vec<RawPhase>) -> io::Result<Writer> {
+    pub fn create(mut file: File, path: PathBuf, start_ns: u64, config: &Config, early_phases: Vec<RawPhase>) -> io::Result<Writer> {
+        // Compression is an economy, not a requirement: without a compressor, plain records.
+        let zstd = if config.compress { fmt::Compressor::new().ok() } else { None };
+        let flags = if zstd.is_some() { fmt::flags::ZSTD } else { 0 };
+        write_all_without_sigxfsz(&mut file, &fmt::header_with(flags))?;
         let mut w = Writer {
             file,
             path,
             enc: Encoder::new(),
             buf: Vec::new(),
-            zstd: None,
+            zstd,
             out: Vec::new(),
             start_ns,
             stacks: HashMap::default(),
@@ -101,10 +105,6 @@ impl Writer {
             next_seq: 0,
             gap_since: None,
         };
-        // Compression is an economy, not a requirement: without a compressor, plain records.
-        w.zstd = if config.compress { fmt::Compressor::new().ok() } else { None };
-        let flags = if w.zstd.is_some() { fmt::flags::ZSTD } else { 0 };
-        write_all_without_sigxfsz(&mut w.file, &fmt::header_with(flags))?;
         w.put(&Record::Process(process_info(start_ns, config)));
         for (&id, hook) in ALL.iter().zip(HOOKS) {
             if let Some((kind, op)) = hook.event {
