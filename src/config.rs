@@ -35,6 +35,12 @@ pub struct Config {
     pub backtrace_unwinder: bool,
     /// `GPUMEMTRACE_COMPRESS=0`: records written as they are, not as a zstd stream (docs/format.md).
     pub compress: bool,
+    /// `GPUMEMTRACE_JOURNAL=0`: the rings between hooks and writer live in anonymous memory,
+    /// not in a file beside the trace; a process that dies by SIGKILL then loses what its
+    /// writer had not written yet.
+    pub journal: bool,
+    /// `GPUMEMTRACE_QUIET=1`: no line on stderr at exit naming the trace.
+    pub quiet: bool,
 }
 
 /// A switch's value, `None` when it is neither on nor off.
@@ -93,6 +99,8 @@ impl Config {
         let output = get("GPUMEMTRACE_OUTPUT").filter(|s| !s.is_empty());
         let backtrace_unwinder = get("GPUMEMTRACE_UNWINDER").is_some_and(|v| v == "backtrace");
         let compress = flag("GPUMEMTRACE_COMPRESS", true, "traces stay compressed");
+        let journal = flag("GPUMEMTRACE_JOURNAL", true, "the journal stays on");
+        let quiet = flag("GPUMEMTRACE_QUIET", false, "the trace is named on stderr at exit");
         Config {
             output,
             max_frames,
@@ -106,6 +114,8 @@ impl Config {
             interpreter_frames,
             backtrace_unwinder,
             compress,
+            journal,
+            quiet,
         }
     }
 }

@@ -38,6 +38,7 @@ mod phases;
 mod python;
 mod record;
 mod resolve;
+mod ring;
 mod routing;
 mod table;
 mod thread;

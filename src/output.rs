@@ -58,6 +58,31 @@ fn numbered(path: &Path, n: u32) -> PathBuf {
     }
 }
 
+/// Runs `f` (a write or a resize of one of our files) with SIGXFSZ blocked: past RLIMIT_FSIZE
+/// the kernel sends it, and its default action ends the process; blocked, the call fails with
+/// EFBIG instead. The signal our call raised is consumed; one the host had pending is left.
+pub fn without_sigxfsz<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: signal-mask calls on local sets; the previous mask is restored before returning.
+    unsafe {
+        let mut xfsz: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        let mut pending: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut xfsz);
+        libc::sigaddset(&mut xfsz, libc::SIGXFSZ);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &xfsz, &mut old);
+        libc::sigpending(&mut pending);
+        let was_pending = libc::sigismember(&pending, libc::SIGXFSZ) == 1;
+        let r = f();
+        libc::sigpending(&mut pending);
+        if !was_pending && libc::sigismember(&pending, libc::SIGXFSZ) == 1 {
+            let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            libc::sigtimedwait(&xfsz, std::ptr::null_mut(), &zero);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        r
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,20 +1,22 @@
 //! The tracer's life: started by the first allocation call (before that, no thread and no
-//! file exist), one writer thread fed through a bounded lock-free channel, a drain at exit,
-//! and a fresh start in a forked child.
+//! file exist), one writer thread fed through the journal's per-thread rings (`ring`), a drain
+//! at exit, and a fresh start in a forked child.
 //!
 //! States: `UNINIT` -> `STARTING` -> `RUNNING` -> `DIRECT` (after exit began: events are written
 //! synchronously by the calling thread) or `OFF` (disabled by configuration, or after an error:
 //! hooks then only forward calls).
 
+use std::cell::RefCell;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError};
+use gpumemtrace_format::journal as jfmt;
 
 use crate::config::Config;
 use crate::record::{Msg, RawEvent, RawPhase};
+use crate::ring::{self, Journal};
 use crate::writer::Writer;
 
 const UNINIT: u8 = 0;
@@ -23,20 +25,26 @@ const RUNNING: u8 = 2;
 const DIRECT: u8 = 3;
 const OFF: u8 = 4;
 
-/// Queue length between the hooks and the writer. When full, hooks wait (back-pressure):
-/// dropping events would corrupt live-memory accounting.
-const QUEUE: usize = 4096;
-/// How long the writer sleeps when the queue is empty (well under `writer::FLUSH_INTERVAL`).
+/// How long the writer sleeps when the rings are empty (well under `writer::FLUSH_INTERVAL`);
+/// a hook whose ring is half full wakes it at once.
 const WRITER_POLL: Duration = Duration::from_micros(500);
 
 struct Tracer {
-    tx: Sender<Msg>,
-    rx: Receiver<Msg>,
+    journal: &'static Journal,
     writer: Mutex<Writer>,
     /// Testing knob: pause per writer batch (back-pressure tests).
     writer_delay: Duration,
     /// The trace's file descriptor, to close it in a forked child without touching the lock.
     fd: i32,
+    /// Name the trace on stderr at exit (`Config::quiet`), if stderr is still what it was
+    /// when tracing started (device and inode): never into a file the host put in its place.
+    announce: Option<(u64, u64)>,
+}
+
+fn stderr_identity() -> Option<(u64, u64)> {
+    // SAFETY: fstat writes into the stat buffer we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(2, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
 }
 
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
@@ -134,23 +142,145 @@ pub fn submit_phase(p: RawPhase) {
     }
 }
 
-fn send(msg: Msg) {
-    IN_FLIGHT.fetch_add(1, SeqCst);
-    match (STATE.load(SeqCst), tracer()) {
-        (RUNNING, Some(t)) => {
-            if let Err(e) = t.tx.send(msg) {
-                write_direct(t, e.into_inner());
+/// The calling thread's ring, for the tracer start (`clock::epoch`) it was claimed in; given
+/// back when the thread ends.
+struct Claim {
+    epoch: u64,
+    ring: usize,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Some(t) = tracer() {
+            if self.epoch == crate::clock::epoch() {
+                t.journal.release(self.ring);
             }
         }
-        (DIRECT, Some(t)) => write_direct(t, msg),
-        _ => {}
+    }
+}
+
+thread_local! {
+    static CLAIM: RefCell<Claim> = const { RefCell::new(Claim { epoch: u64::MAX, ring: ring::SHARED }) };
+    /// The entry being encoded (its capacity stays: the warm path allocates nothing).
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+fn my_ring(t: &Tracer) -> usize {
+    let epoch = crate::clock::epoch();
+    CLAIM
+        .try_with(|c| {
+            let Ok(mut c) = c.try_borrow_mut() else { return ring::SHARED };
+            if c.epoch != epoch {
+                *c = Claim { epoch, ring: t.journal.claim(crate::thread::thread_id()) };
+            }
+            c.ring
+        })
+        .unwrap_or(ring::SHARED) // the thread is ending: its own ring may be given back
+}
+
+/// Wakes the writer (a futex word: a hook whose ring fills up rings it).
+static DOORBELL: AtomicU32 = AtomicU32::new(0);
+/// Set when a hook gave up waiting for room: hooks no longer wait until the writer made room.
+static STALLED: AtomicBool = AtomicBool::new(false);
+
+fn ring_doorbell() {
+    DOORBELL.fetch_add(1, SeqCst);
+    // SAFETY: FUTEX_WAKE on a static word; no memory is touched by the kernel.
+    unsafe { libc::syscall(libc::SYS_futex, DOORBELL.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, 1) };
+}
+
+/// On the writer: sleeps until a hook rings or `timeout` passes.
+fn wait_for_doorbell(seen: u32, timeout: Duration) {
+    let ts = libc::timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: timeout.subsec_nanos() as i64 };
+    // SAFETY: FUTEX_WAIT on a static word with a relative timeout we own.
+    unsafe {
+        libc::syscall(libc::SYS_futex, DOORBELL.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, seen, &ts as *const libc::timespec)
+    };
+}
+
+fn send(msg: Msg) {
+    IN_FLIGHT.fetch_add(1, SeqCst);
+    let state = STATE.load(SeqCst);
+    if let (RUNNING | DIRECT, Some(t)) = (state, tracer()) {
+        if catch_unwind_silent(|| push(t, &msg)).is_none() {
+            disable("internal error while handing an event to the writer");
+        }
+        if state == DIRECT {
+            write_direct(t);
+        }
     }
     IN_FLIGHT.fetch_sub(1, SeqCst);
 }
 
-fn write_direct(t: &Tracer, msg: Msg) {
+fn catch_unwind_silent<R>(f: impl FnOnce() -> R) -> Option<R> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok()
+}
+
+/// Puts the message into the calling thread's ring, waiting (bounded) while the ring is full.
+fn push(t: &Tracer, msg: &Msg) {
+    let ring = my_ring(t);
+    let mut local = Vec::new();
+    let put = |payload: &[u8]| {
+        let t0 = Instant::now();
+        let after = t.journal.push(ring, payload, |tries| wait_for_room(t, tries, t0));
+        match after {
+            Some(fill) => {
+                let half = jfmt::RING_BYTES / 2;
+                if fill > half && fill - jfmt::entry_bytes(payload.len()) <= half {
+                    ring_doorbell();
+                }
+            }
+            None => {
+                ring::GIVEN_UP.fetch_add(1, SeqCst);
+            }
+        }
+    };
+    let done = SCRATCH
+        .try_with(|s| {
+            let Ok(mut s) = s.try_borrow_mut() else { return false };
+            jfmt::encode_each(msg, &mut s, put);
+            true
+        })
+        .unwrap_or(false);
+    if !done {
+        jfmt::encode_each(msg, &mut local, put);
+    }
+}
+
+/// A hook's ring is full: wake the writer and wait for it, at most `ring::MAX_WAIT_MS` (then,
+/// and while the output stays stalled, the event is given up and counted). After exit began,
+/// the hook writes out itself.
+fn wait_for_room(t: &Tracer, tries: u32, since: Instant) -> bool {
+    match STATE.load(SeqCst) {
+        RUNNING => {}
+        DIRECT => {
+            if let Ok(mut w) = t.writer.try_lock() {
+                let _ = w.drain().and_then(|_| w.flush());
+            }
+        }
+        _ => return false,
+    }
+    if STALLED.load(SeqCst) {
+        return false;
+    }
+    if tries == 0 {
+        ring_doorbell();
+    }
+    if tries < 64 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    if since.elapsed() > Duration::from_millis(ring::MAX_WAIT_MS) {
+        STALLED.store(true, SeqCst);
+        return false;
+    }
+    true
+}
+
+fn write_direct(t: &Tracer) {
     let mut w = lock(&t.writer);
-    if let Err(e) = w.message(msg).and_then(|_| w.release(true)).and_then(|_| w.flush()) {
+    if let Err(e) = w.drain().and_then(|_| w.release(true)).and_then(|_| w.flush()) {
         let msg = format!("cannot write {}: {e}", w.path.display());
         drop(w);
         disable(&msg);
@@ -206,14 +336,18 @@ fn open(config: &Config) -> Result<Tracer, String> {
         crate::output::create(&target, config.file_mode).map_err(|e| format!("cannot create trace file {}: {e}", target.display()))?;
     use std::os::fd::AsRawFd;
     let fd = file.as_raw_fd();
+    let journal: &'static Journal = Box::leak(Box::new(
+        Journal::create(&path, config.file_mode, config.journal)
+            .map_err(|e| format!("cannot map the journal for {}: {e}", path.display()))?,
+    ));
     let early = std::mem::take(&mut *EARLY_PHASES.lock().unwrap_or_else(|e| e.into_inner()));
-    let writer = Writer::create(file, path.clone(), crate::clock::now_ns(), config, early)
+    let writer = Writer::create(file, path.clone(), crate::clock::now_ns(), config, early, Some(journal))
         .map_err(|e| format!("cannot write trace file {}: {e}", path.display()))?;
-    let (tx, rx) = bounded(QUEUE);
     crate::clock::new_epoch();
     TEST_PANIC_AT.store(config.test_panic_at, SeqCst);
     let writer_delay = Duration::from_micros(config.test_writer_delay_us);
-    Ok(Tracer { tx, rx, writer: Mutex::new(writer), writer_delay, fd })
+    let announce = if config.quiet { None } else { stderr_identity() };
+    Ok(Tracer { journal, writer: Mutex::new(writer), writer_delay, fd, announce })
 }
 
 /// The writer thread, with every signal blocked so the host's signals go to its own threads.
@@ -249,38 +383,31 @@ fn writer_loop() {
         if !t.writer_delay.is_zero() {
             std::thread::sleep(t.writer_delay);
         }
-        // Poll rather than block: a receiver parked in the channel makes every send a futex
-        // wake-up (microseconds on the hook's thread); a sleeping poller costs the hooks nothing.
-        if t.rx.is_empty() {
-            std::thread::sleep(idle_sleep);
-            idle_sleep = (idle_sleep * 2).min(crate::writer::FLUSH_INTERVAL / 2);
-        } else {
-            idle_sleep = WRITER_POLL;
-        }
         let mut w = lock(&t.writer);
-        let r = match t.rx.try_recv() {
-            Ok(msg) => {
-                let mut r = w.message(msg);
-                // Batch whatever else is queued, under the same lock.
-                for msg in t.rx.try_iter().take(QUEUE) {
-                    r = r.and_then(|_| w.message(msg));
-                }
-                r.and_then(|_| w.flush_if_due())
+        let r = w.drain().and_then(|n| {
+            // A ring filling up gets its space back now; else the usual cadence.
+            let r = if w.rings_filling() { w.flush() } else { w.flush_if_due() };
+            if n > 0 {
+                idle_sleep = WRITER_POLL;
+                STALLED.store(false, SeqCst); // the output moves again
             }
-            Err(TryRecvError::Empty) => w.flush_if_due(),
-            Err(TryRecvError::Disconnected) => return,
-        };
-        let r = r.and_then(|_| serve_flush_request(t, &mut w));
+            r
+        });
+        let r = r.and_then(|_| serve_flush_request(&mut w));
+        drop(w);
         if let Err(e) = r {
+            let w = lock(&t.writer);
             let msg = format!("cannot write {}: {e}", w.path.display());
             drop(w);
+            // Hooks stop recording; what they put in the journal stays there for a reader.
             disable(&msg);
-            // Keep the queue moving so no hook waits on it; count what is lost.
-            while let Ok(_ev) = t.rx.recv_timeout(Duration::from_millis(100)) {
-                lock(&t.writer).dropped += 1;
-            }
             return;
         }
+        // Sleep rather than block on every event: a hook rings only when its ring is half
+        // full (rarely a system call on the hot path). Idle, the sleep backs off.
+        let seen = DOORBELL.load(SeqCst);
+        wait_for_doorbell(seen, idle_sleep);
+        idle_sleep = (idle_sleep * 2).min(crate::writer::FLUSH_INTERVAL / 2);
     }
 }
 
@@ -304,14 +431,12 @@ fn flush_for_signal(sig: i32) {
 }
 
 /// On the writer thread: honours a pending flush request from a signal handler.
-fn serve_flush_request(t: &Tracer, w: &mut Writer) -> std::io::Result<()> {
+fn serve_flush_request(w: &mut Writer) -> std::io::Result<()> {
     let want = FLUSH_REQUESTED.load(SeqCst);
     if FLUSH_DONE.load(SeqCst) >= want {
         return Ok(());
     }
-    for msg in t.rx.try_iter() {
-        w.message(msg)?;
-    }
+    w.drain()?;
     w.release(true)?;
     w.notice(&format!("the process received fatal signal {}", FATAL_SIGNAL.load(SeqCst)));
     w.stats(false);
@@ -349,12 +474,8 @@ fn write_out(t: &Tracer, final_: bool) {
     let t0 = Instant::now();
     let mut w = lock(&t.writer);
     loop {
-        for msg in t.rx.try_iter() {
-            if w.message(msg).is_err() {
-                w.dropped += 1;
-            }
-        }
-        if IN_FLIGHT.load(SeqCst) == 0 && t.rx.is_empty() {
+        let read = w.drain().unwrap_or(0);
+        if IN_FLIGHT.load(SeqCst) == 0 && read == 0 {
             break;
         }
         if t0.elapsed() > Duration::from_secs(2) {
@@ -371,11 +492,24 @@ fn write_out(t: &Tracer, final_: bool) {
         w.notice(&format!("tracing stopped early: {why}"));
     }
     w.stats(final_);
-    if let Err(e) = w.flush() {
-        // The writer thread may not have met the error yet (a disk that filled at the end).
-        let msg = format!("cannot write {}: {e}", w.path.display());
-        drop(w);
-        disable(&msg);
+    match w.flush() {
+        // Everything is in the trace: the journal has nothing more to tell.
+        Ok(()) if final_ => {
+            w.remove_journal();
+            if t.announce.is_some() && t.announce == stderr_identity() {
+                let line = format!("gpumemtrace: {} events traced to {}\n", w.events, w.path.display());
+                // SAFETY: one write of our own buffer to the host's stderr, checked above.
+                unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+            }
+        }
+        Ok(()) => {}
+        Err(e) => {
+            // The writer thread may not have met the error yet (a disk that filled at the end).
+            // The journal stays: a reader recovers from it what the trace lacks.
+            let msg = format!("cannot write {}: {e}", w.path.display());
+            drop(w);
+            disable(&msg);
+        }
     }
 }
 
@@ -386,9 +520,13 @@ extern "C" fn in_forked_child() {
     crate::python::forget_codes();
     let old = TRACER.swap(null_mut(), SeqCst);
     if !old.is_null() {
-        // SAFETY: reading a plain field of the leaked tracer; the fd is the parent's trace, which
-        // the child must not write to.
-        unsafe { libc::close((*old).fd) };
+        // SAFETY: reading plain fields of the leaked tracer. The fd is the parent's trace and the
+        // journal the parent's rings, which the child must not write to; nothing in the child
+        // uses them after this (TRACER is null, and thread claims belong to the old epoch).
+        unsafe {
+            libc::close((*old).fd);
+            (*old).journal.unmap();
+        }
     }
     IN_FLIGHT.store(0, SeqCst);
     crate::clock::reset_seq();

@@ -15,6 +15,8 @@ use crate::config::Config;
 use crate::modules::{loaded_objects, Object};
 use crate::table::{ALL, HOOKS};
 use crate::record::{CodeInfo, Msg, PyCapture, RawEvent, RawPhase, RawPyFrame, Stack};
+use crate::ring::{Journal, RINGS};
+use gpumemtrace_format::journal::{self as jfmt, dict};
 
 /// The identity hash, for keys that are hashes already.
 #[derive(Default)]
@@ -33,7 +35,8 @@ impl Hasher for KeyHasher {
     }
 }
 
-/// How long recorded events may sit in memory: bounds what a SIGKILL can lose.
+/// How long records may wait in memory before they are written (the journal keeps them safe
+/// meanwhile; this keeps the trace itself fresh for readers that follow it).
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(10);
 const FLUSH_BYTES: usize = 256 * 1024;
 
@@ -62,8 +65,13 @@ pub struct Writer {
     zstd: Option<fmt::Compressor>,
     out: Vec<u8>,
     last_flush: Instant,
-    /// Messages that arrived ahead of their turn, by sequence number (see `clock::next_seq`).
-    pending: BTreeMap<u64, Msg>,
+    /// Messages that arrived ahead of their turn, by sequence number (see `clock::next_seq`),
+    /// with the ring and position they came from.
+    pending: BTreeMap<u64, (Msg, usize, u64)>,
+    /// The journal the hooks write to, and how far the writer has read each ring.
+    journal: Option<&'static Journal>,
+    read_pos: [u64; RINGS],
+    scratch: Vec<(u64, u64, Result<jfmt::Entry, String>)>,
     /// The sequence number to write next.
     next_seq: u64,
     /// Since when the next number has been missing (a thread between numbering and hand-over).
@@ -78,7 +86,14 @@ const MAX_PENDING: usize = 65536;
 
 impl Writer {
     /// Writes the header, the process, the hook table and the current module map.
-    pub fn create(mut file: File, path: PathBuf, start_ns: u64, config: &Config, early_phases: Vec<RawPhase>) -> io::Result<Writer> {
+    pub fn create(
+        mut file: File,
+        path: PathBuf,
+        start_ns: u64,
+        config: &Config,
+        early_phases: Vec<RawPhase>,
+        journal: Option<&'static Journal>,
+    ) -> io::Result<Writer> {
         // Compression is an economy, not a requirement: without a compressor, plain records.
         let zstd = if config.compress { fmt::Compressor::new().ok() } else { None };
         let flags = if zstd.is_some() { fmt::flags::ZSTD } else { 0 };
@@ -104,6 +119,9 @@ impl Writer {
             pending: BTreeMap::new(),
             next_seq: 0,
             gap_since: None,
+            journal,
+            read_pos: [0; RINGS],
+            scratch: Vec::new(),
         };
         w.put(&Record::Process(process_info(start_ns, config)));
         for (&id, hook) in ALL.iter().zip(HOOKS) {
@@ -119,8 +137,55 @@ impl Writer {
         Ok(w)
     }
 
+    /// Reads every ring of the journal up to what the hooks published, in call order as far as
+    /// it is known (see `message`); returns how many entries were read.
+    pub fn drain(&mut self) -> io::Result<usize> {
+        let Some(jn) = self.journal else { return Ok(0) };
+        let mut n = 0;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut r = Ok(());
+        for i in 0..RINGS {
+            scratch.clear();
+            jn.take(i, self.read_pos[i], |pos, payload| {
+                scratch.push((pos, pos + jfmt::entry_bytes(payload.len()), jfmt::decode(payload)))
+            });
+            for (pos, end, entry) in scratch.drain(..) {
+                n += 1;
+                // Advanced entry by entry: a flush in the middle commits only what is written.
+                self.read_pos[i] = end;
+                match entry {
+                    Ok(jfmt::Entry::Msg(msg)) => {
+                        if r.is_ok() {
+                            r = self.message(msg, i, pos);
+                        }
+                    }
+                    // Described on arrival: an event numbered later may have brought them.
+                    Ok(jfmt::Entry::Codes(codes)) => self.write_codes(codes),
+                    Err(_) => self.dropped += 1, // not expected: the hooks wrote it whole
+                }
+            }
+        }
+        self.scratch = scratch;
+        r.map(|_| n)
+    }
+
+    /// Whether a ring is filling up: then the writer writes out now, so its space returns.
+    pub fn rings_filling(&self) -> bool {
+        self.journal.is_some_and(|jn| (0..RINGS).any(|i| jn.fill(i) > jfmt::RING_BYTES / 4))
+    }
+
+    /// Where each ring stands once the buffer is written: what was read, except messages still
+    /// waiting for their turn (see `message`).
+    fn committable(&self) -> [u64; RINGS] {
+        let mut at = self.read_pos;
+        for &(_, ring, pos) in self.pending.values() {
+            at[ring] = at[ring].min(pos);
+        }
+        at
+    }
+
     /// Takes a message in arrival order and writes whatever is now next in call order.
-    pub fn message(&mut self, mut msg: Msg) -> io::Result<()> {
+    fn message(&mut self, mut msg: Msg, ring: usize, pos: u64) -> io::Result<()> {
         // Code objects are described in arrival order: a later-numbered event that arrived
         // earlier may be the one that describes a code object an earlier-numbered one uses.
         if let Msg::Event(RawEvent { py: Some(py), .. }) = &mut msg {
@@ -135,7 +200,7 @@ impl Writer {
         if seq < self.next_seq {
             return self.write_msg(msg); // its gap was given up on: late, but not lost
         }
-        self.pending.insert(seq, msg);
+        self.pending.insert(seq, (msg, ring, pos));
         self.release(false)
     }
 
@@ -148,7 +213,7 @@ impl Writer {
                     return Ok(());
                 }
             }
-            let msg = self.pending.remove(&first).expect("first key exists");
+            let (msg, _, _) = self.pending.remove(&first).expect("first key exists");
             self.next_seq = first + 1;
             self.gap_since = None;
             self.write_msg(msg)?;
@@ -237,6 +302,7 @@ impl Writer {
         let id = self.stacks.len() as u32 + 1;
         self.put(&Record::Stack(fmt::Stack { id, frames }));
         self.stacks.insert(stack.key, id);
+        self.remember(dict::STACK, id, stack.key, 0);
         id
     }
 
@@ -262,6 +328,7 @@ impl Writer {
         }
         let id = self.py_stack_id(&py.frames);
         self.py_by_key.insert(key, id);
+        self.remember(dict::PY_STACK, id, key, 0);
         id
     }
 
@@ -273,6 +340,7 @@ impl Writer {
             }
             let id = self.py_codes.len() as u32 + 1;
             self.py_codes.insert((c.code, c.sig), id);
+            self.remember(dict::PY_CODE, id, c.code, c.sig);
             self.put(&Record::PyCode(fmt::PyCode {
                 id,
                 name: c.name,
@@ -314,6 +382,13 @@ impl Writer {
         self.put(&Record::PyStack(fmt::PyStack { id, frames: frames.clone() }));
         self.py_stacks.insert(frames, id);
         id
+    }
+
+    /// Tells the journal the id a key got, for a reader that recovers later events naming it.
+    fn remember(&self, kind: u32, id: u32, key: u64, sig: u64) {
+        if let Some(jn) = self.journal {
+            jn.remember(kind, id, key, sig);
+        }
     }
 
     fn mapped(&self, addr: u64) -> bool {
@@ -361,14 +436,30 @@ impl Writer {
                 ));
             }
         }
-        let s = fmt::Stats { events: self.events, dropped: self.dropped, final_ };
+        let given_up = crate::ring::GIVEN_UP.load(std::sync::atomic::Ordering::Relaxed);
+        if given_up > 0 {
+            self.notice(&format!(
+                "{given_up} events were lost: the trace's output did not keep up (a hook waits at most {} ms for room)",
+                crate::ring::MAX_WAIT_MS
+            ));
+        }
+        let s = fmt::Stats { events: self.events, dropped: self.dropped + given_up, final_ };
         self.put(&Record::Stats(s));
     }
 
+    /// Writes the buffer, then tells the journal that what it held is in the trace (see
+    /// `journal` in the format crate: propose, write, commit).
     pub fn flush(&mut self) -> io::Result<()> {
         self.last_flush = Instant::now();
+        let at = self.committable();
         if self.buf.is_empty() {
+            if let Some(jn) = self.journal {
+                jn.commit(&at);
+            }
             return Ok(());
+        }
+        if let Some(jn) = self.journal {
+            jn.propose(self.events, &at);
         }
         let r = match &mut self.zstd {
             Some(z) => {
@@ -378,7 +469,17 @@ impl Writer {
             None => write_all_without_sigxfsz(&mut self.file, &self.buf),
         };
         self.buf.clear();
+        if let (Ok(()), Some(jn)) = (&r, self.journal) {
+            jn.commit(&at);
+        }
         r
+    }
+
+    /// The trace is complete and written: the journal can go.
+    pub fn remove_journal(&self) {
+        if let Some(jn) = self.journal {
+            jn.remove_file();
+        }
     }
 
     pub fn flush_if_due(&mut self) -> io::Result<()> {
@@ -391,29 +492,9 @@ impl Writer {
     }
 }
 
-/// Writes `buf`, but never lets the write kill the host: past RLIMIT_FSIZE the kernel sends
-/// SIGXFSZ, whose default action ends the process. With the signal blocked the write fails with
-/// EFBIG instead; the signal our write raised is consumed, one the host had pending is left.
+/// Writes `buf`, but never lets the write kill the host (see `output::without_sigxfsz`).
 fn write_all_without_sigxfsz(file: &mut File, buf: &[u8]) -> io::Result<()> {
-    // SAFETY: signal-mask calls on local sets; the previous mask is restored before returning.
-    unsafe {
-        let mut xfsz: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        let mut pending: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut xfsz);
-        libc::sigaddset(&mut xfsz, libc::SIGXFSZ);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &xfsz, &mut old);
-        libc::sigpending(&mut pending);
-        let was_pending = libc::sigismember(&pending, libc::SIGXFSZ) == 1;
-        let r = file.write_all(buf);
-        libc::sigpending(&mut pending);
-        if !was_pending && libc::sigismember(&pending, libc::SIGXFSZ) == 1 {
-            let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-            libc::sigtimedwait(&xfsz, std::ptr::null_mut(), &zero);
-        }
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        r
-    }
+    crate::output::without_sigxfsz(|| file.write_all(buf))
 }
 
 fn process_info(start_ns: u64, config: &Config) -> fmt::Process {

@@ -11,6 +11,8 @@ use std::fmt;
 use std::io::{self, Read};
 
 mod compress;
+pub mod journal;
+pub mod raw;
 pub use compress::Compressor;
 use compress::Body;
 

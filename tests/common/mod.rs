@@ -162,7 +162,9 @@ pub fn run_traced(prog: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
         .current_dir(&dir)
         .env("LD_PRELOAD", shim())
         .env("GPUMEMTRACE_OUTPUT", format!("{}/", dir.display()))
-        .env("EMUCUDA_DEVICES", "2");
+        .env("EMUCUDA_DEVICES", "2")
+        // The line naming the trace at exit has a test of its own.
+        .env("GPUMEMTRACE_QUIET", "1");
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -1,0 +1,815 @@
+//! The journal: a file beside the trace (`<trace>.journal`) that the traced process maps shared,
+//! through which its hooks hand events to its writer thread, one ring per thread. A shared file
+//! mapping belongs to the kernel's page cache, not to the process: whatever a hook put there
+//! survives the process's end by any cause, `SIGKILL` and `_exit` included. The writer deletes
+//! the journal when it finishes the trace; a journal that is still there holds the events the
+//! writer had not written yet, and [`Recovery`] turns them into the records the trace lacks.
+//! Layout and protocol: `docs/format.md`, "The journal".
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::raw::{CodeInfo, Msg, PyCapture, RawEvent, RawPhase, RawPyFrame, Stack};
+use crate::{line_table_format, PhaseOp, PyCode, PyFrame, Record};
+
+pub const MAGIC: &[u8; 8] = b"GPUMJRN\0";
+pub const VERSION: u32 = 1;
+/// Rings in one journal: one a thread, the last shared (under a lock) by threads beyond.
+pub const RINGS: usize = 32;
+pub const RING_BYTES: u64 = 256 << 10;
+/// The page before each ring's data: its positions and owner.
+pub const RING_CONTROL: u64 = 4096;
+pub const HEADER_BYTES: u64 = 4096;
+/// Dictionary entries (ids the writer gave to keys), 24 bytes each.
+pub const DICT_ENTRIES: u64 = 1 << 16;
+pub const DICT_ENTRY_BYTES: u64 = 24;
+/// An entry (framing included) never exceeds this: long fields are cut to fit (see [`encode`]).
+pub const MAX_ENTRY: usize = 64 << 10;
+/// Bytes before each entry's payload: `len u32`, `!len u32`.
+pub const FRAME: u64 = 8;
+
+/// Byte offsets in the header page.
+pub mod header {
+    pub const MAGIC: u64 = 0;
+    pub const VERSION: u64 = 8;
+    pub const RINGS: u64 = 12;
+    pub const RING_BYTES: u64 = 16;
+    pub const PID: u64 = 24;
+    /// Dictionary entries written so far (u64).
+    pub const DICT_LEN: u64 = 32;
+    /// Event records the trace holds once the write in progress completes (u64).
+    pub const EVENTS_PROPOSED: u64 = 64;
+    /// Each ring's position once that write completes (u64 each).
+    pub const PROPOSED: u64 = 128;
+}
+
+/// Byte offsets in a ring's control page.
+pub mod ring {
+    /// Where the producer writes next (bytes since the ring began; only grows).
+    pub const HEAD: u64 = 0;
+    /// Everything before this is in the trace file: the producer may reuse that space.
+    pub const COMMITTED: u64 = 64;
+    /// Thread id of the producer that owns the ring (0: free).
+    pub const OWNER: u64 = 128;
+    /// Lock word of the shared ring.
+    pub const LOCK: u64 = 192;
+}
+
+/// Dictionary entry kinds.
+pub mod dict {
+    /// `key` = the hot path's stack key, `id` = Stack record id.
+    pub const STACK: u32 = 1;
+    /// `key` = the hot path's Python stack key, `id` = PyStack record id.
+    pub const PY_STACK: u32 = 2;
+    /// `key` = code object address, `sig` = its signature, `id` = PyCode record id.
+    pub const PY_CODE: u32 = 3;
+}
+
+pub fn ring_offset(i: usize) -> u64 {
+    HEADER_BYTES + i as u64 * (RING_CONTROL + RING_BYTES)
+}
+
+pub fn dict_offset() -> u64 {
+    ring_offset(RINGS)
+}
+
+pub fn file_len() -> u64 {
+    dict_offset() + DICT_ENTRIES * DICT_ENTRY_BYTES
+}
+
+/// The journal of the trace at `trace`.
+pub fn path_for(trace: &Path) -> PathBuf {
+    let mut s = trace.as_os_str().to_owned();
+    s.push(".journal");
+    PathBuf::from(s)
+}
+
+/// An entry's whole size in the ring: framing, payload, padding to 8 bytes.
+pub fn entry_bytes(payload: usize) -> u64 {
+    FRAME + (payload as u64).div_ceil(8) * 8
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entries: a message as bytes. Fixed-width little-endian fields (the hot path writes them; no
+// varints to compute), strings and lists length-prefixed with u32.
+
+const EVENT: u8 = 1;
+const PHASE: u8 = 2;
+const CODES: u8 = 3;
+/// Strings are cut to this many bytes when an entry would exceed [`MAX_ENTRY`].
+const CUT_STRING: usize = 4096;
+/// Room kept for an entry's fixed fields when sizing its lists.
+const SLACK: usize = 1024;
+
+/// What an entry holds: a message, or descriptions of code objects that later events use
+/// (sent as entries of their own, before the event, so no entry outgrows a ring).
+#[derive(Debug, PartialEq)]
+pub enum Entry {
+    Msg(Msg),
+    Codes(Vec<CodeInfo>),
+}
+
+/// Largest payload an entry may carry.
+pub const MAX_PAYLOAD: usize = MAX_ENTRY - FRAME as usize;
+
+/// Calls `each` with the payload of every entry `msg` needs, in order: its code descriptions
+/// (if any, in as many entries as they need), then the message itself (without them). Fields
+/// too long for an entry are cut: a thread or phase name to 4 KiB, a code object's line table
+/// left out (its lines then read as its first line), a Python stack to the frames that fit.
+pub fn encode_each(msg: &Msg, buf: &mut Vec<u8>, mut each: impl FnMut(&[u8])) {
+    if let Msg::Event(RawEvent { py: Some(py), .. }) = msg {
+        let mut i = 0;
+        while i < py.new_codes.len() {
+            buf.clear();
+            buf.push(CODES);
+            let at = buf.len();
+            u32_(buf, 0);
+            let mut n = 0u32;
+            while i < py.new_codes.len() {
+                let c = &py.new_codes[i];
+                let mark = buf.len();
+                put_code(buf, c, false);
+                if buf.len() > MAX_PAYLOAD {
+                    buf.truncate(mark);
+                    if n > 0 {
+                        break; // the next entry takes it
+                    }
+                    put_code(buf, c, true);
+                }
+                n += 1;
+                i += 1;
+            }
+            buf[at..at + 4].copy_from_slice(&n.to_le_bytes());
+            each(buf);
+        }
+    }
+    buf.clear();
+    put_msg(msg, buf);
+    each(buf);
+}
+
+/// The message's own entry (code descriptions left out: see [`encode_each`]).
+pub fn encode(msg: &Msg, out: &mut Vec<u8>) {
+    out.clear();
+    put_msg(msg, out);
+}
+
+fn put_code(o: &mut Vec<u8>, c: &CodeInfo, cut: bool) {
+    u64_(o, c.code);
+    u64_(o, c.sig);
+    let level = if cut { 2 } else { 0 };
+    str_(o, &c.name, level);
+    str_(o, &c.qualname, level);
+    str_(o, &c.filename, level);
+    u32_(o, c.firstlineno);
+    if cut {
+        o.push(line_table_format::NONE);
+        u32_(o, 0);
+    } else {
+        o.push(c.linetable_format);
+        bytes_(o, &c.linetable);
+    }
+}
+
+fn put_msg(msg: &Msg, o: &mut Vec<u8>) {
+    match msg {
+        Msg::Event(e) => {
+            o.push(EVENT);
+            u64_(o, e.seq);
+            u32_(o, e.api);
+            u64_(o, e.time_ns);
+            u32_(o, e.tid);
+            u32_(o, e.result);
+            u32_(o, e.device as u32);
+            for v in [e.addr, e.size, e.stream, e.extra, e.total_allocated, e.total_reserved] {
+                u64_(o, v);
+            }
+            u32_(o, e.flags);
+            u64_(o, e.frames.key);
+            u64_(o, e.py_key);
+            o.push(e.py_tstate as u8);
+            // Native stacks are bounded by the format (MAX_FRAMES: 8 KiB).
+            let frames = &e.frames.frames[..e.frames.frames.len().min(crate::MAX_FRAMES)];
+            u32_(o, frames.len() as u32);
+            for &f in frames {
+                u64_(o, f);
+            }
+            match &e.py {
+                None => o.push(0),
+                Some(py) => {
+                    o.push(1);
+                    let room = (MAX_PAYLOAD - SLACK - CUT_STRING - o.len()) / 21;
+                    let frames = &py.frames[..py.frames.len().min(room)];
+                    u32_(o, frames.len() as u32);
+                    for f in frames {
+                        u64_(o, f.code);
+                        u64_(o, f.sig);
+                        u32_(o, f.instr);
+                        o.push(f.flags);
+                    }
+                }
+            }
+            match &e.thread_name {
+                None => o.push(0),
+                Some(n) => {
+                    o.push(1);
+                    str_(o, n, 2);
+                }
+            }
+        }
+        Msg::Phase(p) => {
+            o.push(PHASE);
+            u64_(o, p.seq);
+            u64_(o, p.time_ns);
+            u32_(o, p.tid);
+            o.push(p.op as u8);
+            str_(o, &p.name, 2);
+        }
+    }
+}
+
+fn u32_(o: &mut Vec<u8>, v: u32) {
+    o.extend_from_slice(&v.to_le_bytes());
+}
+fn u64_(o: &mut Vec<u8>, v: u64) {
+    o.extend_from_slice(&v.to_le_bytes());
+}
+fn bytes_(o: &mut Vec<u8>, b: &[u8]) {
+    u32_(o, b.len() as u32);
+    o.extend_from_slice(b);
+}
+/// From `level` 2 on, long strings are cut (at a character boundary).
+fn str_(o: &mut Vec<u8>, s: &str, level: u8) {
+    if level >= 2 && s.len() > CUT_STRING {
+        let mut end = CUT_STRING;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        bytes_(o, s[..end].as_bytes());
+    } else {
+        bytes_(o, s.as_bytes());
+    }
+}
+
+struct Cursor<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.b.len()).ok_or("entry ends early")?;
+        let s = &self.b[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+    /// A count of items at least `each` bytes long: bounded by what is left.
+    fn count(&mut self, each: usize) -> Result<usize, String> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(each) > self.b.len() - self.pos {
+            return Err(format!("count {n} exceeds the entry"));
+        }
+        Ok(n)
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], String> {
+        let n = self.count(1)?;
+        self.take(n)
+    }
+    fn string(&mut self) -> Result<String, String> {
+        Ok(String::from_utf8_lossy(self.bytes()?).into_owned())
+    }
+}
+
+fn decode_code(c: &mut Cursor) -> Result<CodeInfo, String> {
+    Ok(CodeInfo {
+        code: c.u64()?,
+        sig: c.u64()?,
+        name: c.string()?,
+        qualname: c.string()?,
+        filename: c.string()?,
+        firstlineno: c.u32()?,
+        linetable_format: c.u8()?,
+        linetable: c.bytes()?.to_vec(),
+    })
+}
+
+/// What an entry's payload holds.
+pub fn decode(b: &[u8]) -> Result<Entry, String> {
+    let mut c = Cursor { b, pos: 0 };
+    match c.u8()? {
+        CODES => {
+            let n = c.count(37)?;
+            (0..n).map(|_| decode_code(&mut c)).collect::<Result<Vec<_>, _>>().map(Entry::Codes)
+        }
+        EVENT => {
+            let seq = c.u64()?;
+            let api = c.u32()?;
+            let time_ns = c.u64()?;
+            let tid = c.u32()?;
+            let result = c.u32()?;
+            let device = c.u32()? as i32;
+            let mut v = [0u64; 6];
+            for x in &mut v {
+                *x = c.u64()?;
+            }
+            let flags = c.u32()?;
+            let key = c.u64()?;
+            let py_key = c.u64()?;
+            let py_tstate = c.u8()? != 0;
+            let n = c.count(8)?;
+            let frames = (0..n).map(|_| c.u64()).collect::<Result<Vec<_>, _>>()?;
+            let py = match c.u8()? {
+                0 => None,
+                _ => {
+                    let n = c.count(21)?;
+                    let mut frames = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        frames.push(RawPyFrame { code: c.u64()?, sig: c.u64()?, instr: c.u32()?, flags: c.u8()? });
+                    }
+                    Some(Box::new(PyCapture { frames, new_codes: Vec::new() }))
+                }
+            };
+            let thread_name = match c.u8()? {
+                0 => None,
+                _ => Some(c.string()?),
+            };
+            let [addr, size, stream, extra, total_allocated, total_reserved] = v;
+            Ok(Entry::Msg(Msg::Event(RawEvent {
+                seq,
+                api,
+                time_ns,
+                tid,
+                result,
+                device,
+                addr,
+                size,
+                stream,
+                extra,
+                total_allocated,
+                total_reserved,
+                flags,
+                frames: Stack { key, frames },
+                py,
+                py_key,
+                py_tstate,
+                thread_name,
+            })))
+        }
+        PHASE => {
+            let seq = c.u64()?;
+            let time_ns = c.u64()?;
+            let tid = c.u32()?;
+            let op = match c.u8()? {
+                1 => PhaseOp::Push,
+                2 => PhaseOp::Pop,
+                3 => PhaseOp::Mark,
+                o => return Err(format!("unknown phase operation {o}")),
+            };
+            Ok(Entry::Msg(Msg::Phase(RawPhase { seq, time_ns, tid, op, name: c.string()? })))
+        }
+        t => Err(format!("unknown entry type {t}")),
+    }
+}
+
+/// Reads the entries of ring data `data` (the ring's bytes, in ring order) from byte position
+/// `from` up to `to`, calling `each(position, payload)`; stops at the first malformed frame.
+pub fn for_each_entry(data: &dyn Fn(u64, &mut [u8]), from: u64, to: u64, mut each: impl FnMut(u64, &[u8])) {
+    let mut pos = from;
+    let mut frame = [0u8; FRAME as usize];
+    let mut payload = Vec::new();
+    while pos + FRAME <= to {
+        data(pos, &mut frame);
+        let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes"));
+        let check = u32::from_le_bytes(frame[4..].try_into().expect("4 bytes"));
+        if check != !len || entry_bytes(len as usize) > to - pos || len as usize > MAX_ENTRY {
+            return;
+        }
+        payload.resize(len as usize, 0);
+        data(pos + FRAME, &mut payload);
+        each(pos, &payload);
+        pos += entry_bytes(len as usize);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recovery
+
+/// A journal as a reader finds it.
+pub struct Journal {
+    pub pid: u32,
+    events_proposed: u64,
+    proposed: Vec<u64>,
+    committed: Vec<u64>,
+    /// Entries from each ring's committed position on: (ring, position, entry).
+    entries: Vec<(usize, u64, Entry)>,
+    dict: Vec<(u32, u32, u64, u64)>,
+    /// Malformed entries met (the rest of that ring is not read).
+    pub damaged: bool,
+}
+
+impl Journal {
+    /// Reads the journal file at `path`.
+    pub fn read(path: &Path) -> io::Result<Journal> {
+        let f = File::open(path)?;
+        let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {what}", path.display()));
+        let mut h = vec![0u8; HEADER_BYTES as usize];
+        f.read_exact_at(&mut h, 0).map_err(|_| bad("not a journal (too short)"))?;
+        if &h[..8] != MAGIC {
+            return Err(bad("not a gpumemtrace journal"));
+        }
+        let u32_at = |b: &[u8], o: u64| u32::from_le_bytes(b[o as usize..o as usize + 4].try_into().expect("4 bytes"));
+        let u64_at = |b: &[u8], o: u64| u64::from_le_bytes(b[o as usize..o as usize + 8].try_into().expect("8 bytes"));
+        if u32_at(&h, header::VERSION) != VERSION
+            || u32_at(&h, header::RINGS) as usize != RINGS
+            || u64_at(&h, header::RING_BYTES) != RING_BYTES
+        {
+            return Err(bad("a journal of another version"));
+        }
+        let pid = u32_at(&h, header::PID);
+        let events_proposed = u64_at(&h, header::EVENTS_PROPOSED);
+        let proposed: Vec<u64> = (0..RINGS).map(|i| u64_at(&h, header::PROPOSED + 8 * i as u64)).collect();
+        let mut committed = Vec::with_capacity(RINGS);
+        let mut entries = Vec::new();
+        let mut damaged = false;
+        let mut control = vec![0u8; 256];
+        for i in 0..RINGS {
+            let base = ring_offset(i);
+            f.read_exact_at(&mut control, base).map_err(|_| bad("cut short"))?;
+            let (head, done) = (u64_at(&control, ring::HEAD), u64_at(&control, ring::COMMITTED));
+            committed.push(done);
+            if head <= done {
+                continue;
+            }
+            if head - done > RING_BYTES {
+                damaged = true;
+                continue;
+            }
+            let data = |pos: u64, buf: &mut [u8]| {
+                // The entry may wrap around the ring's end.
+                let mut off = 0;
+                while off < buf.len() {
+                    let at = (pos + off as u64) % RING_BYTES;
+                    let n = ((RING_BYTES - at) as usize).min(buf.len() - off);
+                    if f.read_exact_at(&mut buf[off..off + n], base + RING_CONTROL + at).is_err() {
+                        buf[off..off + n].fill(0);
+                    }
+                    off += n;
+                }
+            };
+            let mut end = done;
+            for_each_entry(&data, done, head, |pos, payload| match decode(payload) {
+                Ok(m) => {
+                    entries.push((i, pos, m));
+                    end = pos + entry_bytes(payload.len());
+                }
+                Err(_) => damaged = true,
+            });
+            if end < head {
+                damaged = true;
+            }
+        }
+        let n = u64_at(&h, header::DICT_LEN).min(DICT_ENTRIES);
+        let mut d = vec![0u8; (n * DICT_ENTRY_BYTES) as usize];
+        f.read_exact_at(&mut d, dict_offset()).map_err(|_| bad("dictionary cut short"))?;
+        let dict = d
+            .chunks_exact(DICT_ENTRY_BYTES as usize)
+            .map(|e| (u32_at(e, 0), u32_at(e, 4), u64_at(e, 8), u64_at(e, 16)))
+            .collect();
+        Ok(Journal { pid, events_proposed, proposed, committed, entries, dict, damaged })
+    }
+
+    /// Entries not yet committed to the trace.
+    pub fn pending(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// Completes a trace from its journal: feed it every record read from the trace
+/// ([`Recovery::observe`]), then [`Recovery::finish`] gives the records the trace lacks.
+pub struct Recovery {
+    journal: Journal,
+    path: PathBuf,
+    events: u64,
+    start_ns: u64,
+    stacks: HashSet<u32>,
+    py_stacks: HashSet<u32>,
+    py_codes: HashSet<u32>,
+    threads: HashSet<u32>,
+    max_id: [u32; 3],
+}
+
+impl Recovery {
+    /// The recovery for the trace at `trace`, if a journal lies beside it.
+    pub fn beside(trace: &Path) -> io::Result<Option<Recovery>> {
+        let path = path_for(trace);
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.file_type().is_file() => {}
+            Ok(_) => return Ok(None), // never read a FIFO or device named like a journal
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        let journal = Journal::read(&path)?;
+        Ok(Some(Recovery::new(journal, path)))
+    }
+
+    pub fn new(journal: Journal, path: PathBuf) -> Recovery {
+        Recovery {
+            journal,
+            path,
+            events: 0,
+            start_ns: 0,
+            stacks: HashSet::new(),
+            py_stacks: HashSet::new(),
+            py_codes: HashSet::new(),
+            threads: HashSet::new(),
+            max_id: [0; 3],
+        }
+    }
+
+    pub fn observe(&mut self, rec: &Record) {
+        match rec {
+            Record::Process(p) => self.start_ns = p.start_monotonic_ns,
+            Record::Event(_) => self.events += 1,
+            Record::Stack(s) => {
+                self.stacks.insert(s.id);
+                self.max_id[0] = self.max_id[0].max(s.id);
+            }
+            Record::PyStack(s) => {
+                self.py_stacks.insert(s.id);
+                self.max_id[1] = self.max_id[1].max(s.id);
+            }
+            Record::PyCode(c) => {
+                self.py_codes.insert(c.id);
+                self.max_id[2] = self.max_id[2].max(c.id);
+            }
+            Record::Thread(t) => {
+                self.threads.insert(t.tid);
+            }
+            _ => {}
+        }
+    }
+
+    /// The records the trace lacks, in call order, then a notice saying what was recovered.
+    pub fn finish(self) -> Vec<Record> {
+        let Recovery { journal, path, events, start_ns, stacks, py_stacks, py_codes, mut threads, mut max_id } = self;
+        // The write in progress when the process ended completed if the trace has its events.
+        let start = if events >= journal.events_proposed { &journal.proposed } else { &journal.committed };
+        let fresh = journal.entries.iter().filter(|(r, pos, _)| *pos >= start[*r]).map(|(_, _, e)| e);
+        let mut msgs = Vec::new();
+        let mut codes = Vec::new();
+        for e in fresh {
+            match e {
+                Entry::Msg(m) => msgs.push(m),
+                Entry::Codes(c) => codes.extend(c),
+            }
+        }
+        msgs.sort_by_key(|m| m.seq());
+        for &d in &journal.dict {
+            let slot = match d.0 {
+                dict::STACK => 0,
+                dict::PY_STACK => 1,
+                dict::PY_CODE => 2,
+                _ => continue,
+            };
+            max_id[slot] = max_id[slot].max(d.1);
+        }
+        // A dictionary id counts only if its record reached the trace.
+        let mut stack_ids: HashMap<u64, u32> = HashMap::new();
+        let mut py_stack_ids: HashMap<u64, u32> = HashMap::new();
+        let mut code_ids: HashMap<(u64, u64), u32> = HashMap::new();
+        for &(kind, id, key, sig) in &journal.dict {
+            match kind {
+                dict::STACK if stacks.contains(&id) => drop(stack_ids.insert(key, id)),
+                dict::PY_STACK if py_stacks.contains(&id) => drop(py_stack_ids.insert(key, id)),
+                dict::PY_CODE if py_codes.contains(&id) => drop(code_ids.insert((key, sig), id)),
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        for c in codes {
+            if code_ids.contains_key(&(c.code, c.sig)) {
+                continue;
+            }
+            max_id[2] += 1;
+            code_ids.insert((c.code, c.sig), max_id[2]);
+            out.push(Record::PyCode(PyCode {
+                id: max_id[2],
+                name: c.name.clone(),
+                qualname: c.qualname.clone(),
+                filename: c.filename.clone(),
+                firstlineno: c.firstlineno,
+                linetable_format: c.linetable_format,
+                linetable: c.linetable.clone(),
+            }));
+        }
+        let (mut n_events, mut n_phases) = (0u64, 0u64);
+        for m in msgs {
+            match m {
+                Msg::Phase(p) => {
+                    n_phases += 1;
+                    out.push(Record::Phase(crate::Phase {
+                        time_ns: p.time_ns.saturating_sub(start_ns),
+                        tid: p.tid,
+                        op: p.op,
+                        name: p.name.clone(),
+                    }));
+                }
+                Msg::Event(e) => {
+                    n_events += 1;
+                    if threads.insert(e.tid) {
+                        out.push(Record::Thread(crate::Thread {
+                            tid: e.tid,
+                            name: e.thread_name.clone().unwrap_or_default(),
+                            python: e.py_tstate,
+                        }));
+                    }
+                    let mut pystack = 0;
+                    if e.py_key != 0 {
+                        pystack = match (py_stack_ids.get(&e.py_key), &e.py) {
+                            (Some(&id), _) => id,
+                            (None, Some(py)) if !py.frames.is_empty() => {
+                                let mut frames = Vec::with_capacity(py.frames.len());
+                                for f in &py.frames {
+                                    let code = match code_ids.get(&(f.code, f.sig)) {
+                                        Some(&id) => id,
+                                        None => {
+                                            max_id[2] += 1;
+                                            code_ids.insert((f.code, f.sig), max_id[2]);
+                                            out.push(Record::PyCode(PyCode {
+                                                id: max_id[2],
+                                                name: "<unknown>".into(),
+                                                qualname: "<unknown>".into(),
+                                                filename: "<unknown>".into(),
+                                                ..PyCode::default()
+                                            }));
+                                            max_id[2]
+                                        }
+                                    };
+                                    frames.push(PyFrame { code, instr_offset: f.instr, flags: f.flags });
+                                }
+                                max_id[1] += 1;
+                                py_stack_ids.insert(e.py_key, max_id[1]);
+                                out.push(Record::PyStack(crate::PyStack { id: max_id[1], frames }));
+                                max_id[1]
+                            }
+                            _ => 0,
+                        };
+                    }
+                    let stack = match stack_ids.get(&e.frames.key) {
+                        _ if e.frames.key == 0 => 0,
+                        Some(&id) => id,
+                        None if !e.frames.frames.is_empty() => {
+                            max_id[0] += 1;
+                            stack_ids.insert(e.frames.key, max_id[0]);
+                            out.push(Record::Stack(crate::Stack { id: max_id[0], frames: e.frames.frames.clone() }));
+                            max_id[0]
+                        }
+                        None => 0,
+                    };
+                    out.push(Record::Event(crate::Event {
+                        api: e.api,
+                        time_ns: e.time_ns.saturating_sub(start_ns),
+                        tid: e.tid,
+                        stack,
+                        result: e.result,
+                        device: e.device,
+                        addr: e.addr,
+                        size: e.size,
+                        stream: e.stream,
+                        extra: e.extra,
+                        pystack,
+                        flags: e.flags,
+                        total_allocated: e.total_allocated,
+                        total_reserved: e.total_reserved,
+                    }));
+                }
+            }
+        }
+        let mut notice = format!(
+            "{n_events} events and {n_phases} phase records recovered from {}: the process ended before its writer wrote them",
+            path.display()
+        );
+        if journal.damaged {
+            notice.push_str(" (part of the journal was damaged and could not be read)");
+        }
+        out.push(Record::Notice(notice));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(seq: u64, frames: Vec<u64>, py: Option<PyCapture>, name: Option<&str>) -> Msg {
+        Msg::Event(RawEvent {
+            seq,
+            api: 3,
+            time_ns: 1_000 + seq,
+            tid: 77,
+            result: 0,
+            device: -1,
+            addr: 0xdead_0000 + seq,
+            size: 4096,
+            stream: 5,
+            extra: 6,
+            total_allocated: 7,
+            total_reserved: 8,
+            flags: 1,
+            frames: Stack { key: if frames.is_empty() { 0 } else { 42 }, frames },
+            py_key: if py.is_some() { 9 } else { 0 },
+            py: py.map(Box::new),
+            py_tstate: true,
+            thread_name: name.map(str::to_owned),
+        })
+    }
+
+    fn code(n: u64, linetable: usize) -> CodeInfo {
+        CodeInfo {
+            code: n,
+            sig: n * 3,
+            name: format!("f{n}"),
+            qualname: format!("C.f{n}"),
+            filename: "train.py".into(),
+            firstlineno: 10,
+            linetable_format: line_table_format::PY311,
+            linetable: vec![7; linetable],
+        }
+    }
+
+    fn entries(m: &Msg) -> Vec<Entry> {
+        let mut buf = Vec::new();
+        let mut out = Vec::new();
+        encode_each(m, &mut buf, |p| {
+            assert!(p.len() <= MAX_PAYLOAD, "{}", p.len());
+            out.push(decode(p).unwrap())
+        });
+        out
+    }
+
+    #[test]
+    fn every_message_comes_back_as_it_was_encoded_its_code_objects_first() {
+        let py = PyCapture {
+            frames: vec![RawPyFrame { code: 1, sig: 3, instr: 12, flags: 1 }],
+            new_codes: vec![code(1, 30)],
+        };
+        let with_codes = event(0, vec![1, 2, 3], Some(py), Some("main"));
+        let Msg::Event(mut without) = event(0, vec![1, 2, 3], None, Some("main")) else { unreachable!() };
+        without.py = Some(Box::new(PyCapture { frames: vec![RawPyFrame { code: 1, sig: 3, instr: 12, flags: 1 }], new_codes: vec![] }));
+        without.py_key = 9;
+        assert_eq!(entries(&with_codes), vec![Entry::Codes(vec![code(1, 30)]), Entry::Msg(Msg::Event(without))]);
+        for m in [
+            event(1, vec![], None, None),
+            Msg::Phase(RawPhase { seq: 2, time_ns: 5, tid: 77, op: PhaseOp::Push, name: "epoch 1".into() }),
+        ] {
+            let mut buf = Vec::new();
+            encode(&m, &mut buf);
+            assert_eq!(decode(&buf).unwrap(), Entry::Msg(m));
+        }
+    }
+
+    #[test]
+    fn no_entry_outgrows_a_ring_and_nothing_needed_is_cut() {
+        let py = PyCapture {
+            frames: (0..2000).map(|i| RawPyFrame { code: i, sig: i * 3, instr: 0, flags: 0 }).collect(),
+            new_codes: (0..2000).map(|i| code(i, 2000)).collect(),
+        };
+        let got = entries(&event(0, vec![1; 1024], Some(py), Some(&"x".repeat(1 << 20))));
+        let codes: Vec<&CodeInfo> = got.iter().filter_map(|e| if let Entry::Codes(c) = e { Some(c) } else { None }).flatten().collect();
+        assert_eq!(codes.len(), 2000);
+        assert!(codes.iter().all(|c| c.linetable.len() == 2000), "line tables that fit an entry are kept");
+        let Some(Entry::Msg(Msg::Event(e))) = got.last() else { panic!() };
+        assert_eq!(e.py.as_ref().unwrap().frames.len(), 2000, "the stack itself is kept whole");
+        assert_eq!(e.frames.frames.len(), 1024);
+        assert!(e.thread_name.as_ref().unwrap().len() <= CUT_STRING);
+        // One code object larger than an entry: its line table goes, its name stays.
+        let huge = PyCapture { frames: vec![], new_codes: vec![code(5, 200_000)] };
+        let got = entries(&event(0, vec![], Some(huge), None));
+        let Entry::Codes(c) = &got[0] else { panic!() };
+        assert_eq!((c[0].name.as_str(), c[0].linetable.len()), ("f5", 0));
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let mut buf = Vec::new();
+        encode(&event(0, vec![1, 2, 3], None, Some("t")), &mut buf);
+        for cut in 0..buf.len() {
+            assert!(decode(&buf[..cut]).is_err());
+        }
+        let mut bad = buf.clone();
+        bad[1 + 8 + 4 + 8 + 4 + 4 + 4 + 48 + 4 + 16 + 1] = 0xff; // frame count
+        assert!(decode(&bad).is_err());
+    }
+}

@@ -1,0 +1,366 @@
+//! The journal in this process: a shared file mapping beside the trace holding one ring a
+//! thread, through which hooks hand events to the writer (layout and protocol:
+//! `gpumemtrace_format::journal`, docs/format.md). Each thread owns a ring (one producer, the
+//! writer the one consumer: no lock, no shared counter on the hot path); threads beyond the
+//! rings share the last one under a lock. The page cache holds what a hook wrote even after the
+//! process dies, so the trace can be completed from the journal after a `SIGKILL`.
+//!
+//! Uses `output` (no SIGXFSZ while the journal file grows) and nothing else in the crate.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+use gpumemtrace_format::journal::{self as j, header, ring};
+
+pub use j::RINGS;
+/// The ring that threads without one of their own share.
+pub const SHARED: usize = RINGS - 1;
+
+/// How long a hook waits for room in its ring before it gives its event up (the output does
+/// not keep up: a stalled disk, an unread FIFO). Then hooks stop waiting until the writer has
+/// made room again, so a stalled output costs the host at most this, once.
+pub const MAX_WAIT_MS: u64 = 1000;
+/// Events given up that way.
+pub static GIVEN_UP: AtomicU64 = AtomicU64::new(0);
+
+pub struct Journal {
+    base: *mut u8,
+    len: usize,
+    /// The file, or `None` for an anonymous mapping (no place for a file beside the trace).
+    pub path: Option<PathBuf>,
+}
+
+// SAFETY: the mapping is shared memory accessed through atomics (positions, owners, locks) and
+// through byte ranges that the protocol gives to one side at a time.
+unsafe impl Send for Journal {}
+unsafe impl Sync for Journal {}
+
+/// Gives the file its blocks now: a page of a shared mapping that the disk cannot back would
+/// kill the process with SIGBUS when written, so a journal is on disk in full or not at all.
+fn reserve(f: &std::fs::File, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fallocate on our own descriptor.
+    let r = crate::output::without_sigxfsz(|| unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) });
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+impl Journal {
+    /// A journal beside `trace` (created like the trace: O_EXCL, O_NOFOLLOW, `mode`), or in
+    /// anonymous shared memory when `beside_trace` is false or the file cannot be made.
+    pub fn create(trace: &Path, mode: u32, beside_trace: bool) -> io::Result<Journal> {
+        let len = j::file_len() as usize;
+        let mut path = None;
+        let mut fd = -1;
+        let file = if beside_trace {
+            let p = j::path_for(trace);
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&p)
+                .and_then(|f| reserve(&f, len as u64).map(|_| f))
+                .map(|f| (f, p.clone()))
+                .inspect_err(|_| {
+                    let _ = std::fs::remove_file(&p);
+                })
+                .ok()
+        } else {
+            None
+        };
+        if let Some((f, p)) = &file {
+            use std::os::fd::AsRawFd;
+            fd = f.as_raw_fd();
+            path = Some(p.clone());
+        }
+        let flags = if fd < 0 { libc::MAP_SHARED | libc::MAP_ANONYMOUS } else { libc::MAP_SHARED };
+        // SAFETY: a fresh mapping of our own file (or anonymous memory); nothing else is mapped
+        // at the address the kernel picks. The descriptor can close right after: the mapping
+        // keeps the file, and no descriptor of ours is left for a host to close or reuse.
+        let base = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd, 0) };
+        drop(file);
+        if base == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            if let Some(p) = &path {
+                let _ = std::fs::remove_file(p);
+            }
+            return Err(e);
+        }
+        let jn = Journal { base: base.cast(), len, path };
+        jn.bytes(0, j::MAGIC);
+        jn.u32(header::VERSION).store(j::VERSION, Relaxed);
+        jn.u32(header::RINGS).store(RINGS as u32, Relaxed);
+        jn.u64(header::RING_BYTES).store(j::RING_BYTES, Relaxed);
+        jn.u32(header::PID).store(std::process::id(), Release);
+        Ok(jn)
+    }
+
+    fn u64(&self, off: u64) -> &AtomicU64 {
+        assert!(off % 8 == 0 && (off as usize) + 8 <= self.len);
+        // SAFETY: aligned, inside the mapping, which lives as long as `self`.
+        unsafe { &*(self.base.add(off as usize) as *const AtomicU64) }
+    }
+
+    fn u32(&self, off: u64) -> &AtomicU32 {
+        assert!(off % 4 == 0 && (off as usize) + 4 <= self.len);
+        // SAFETY: as above.
+        unsafe { &*(self.base.add(off as usize) as *const AtomicU32) }
+    }
+
+    /// Copies `src` into the mapping at `off`.
+    fn bytes(&self, off: u64, src: &[u8]) {
+        assert!(off as usize + src.len() <= self.len);
+        // SAFETY: inside the mapping; the protocol gives this range to the caller alone.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(off as usize), src.len()) };
+    }
+
+    /// Copies from the mapping at `off` into `dst`.
+    fn read(&self, off: u64, dst: &mut [u8]) {
+        assert!(off as usize + dst.len() <= self.len);
+        // SAFETY: as above; the producer published this range before we read it.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(off as usize), dst.as_mut_ptr(), dst.len()) };
+    }
+
+    fn control(i: usize, field: u64) -> u64 {
+        j::ring_offset(i) + field
+    }
+
+    /// A ring for thread `tid`: a free one of its own if any is left, else the shared one.
+    pub fn claim(&self, tid: u32) -> usize {
+        for i in 0..SHARED {
+            if self.u32(Self::control(i, ring::OWNER)).compare_exchange(0, tid.max(1), AcqRel, Relaxed).is_ok() {
+                return i;
+            }
+        }
+        SHARED
+    }
+
+    /// The thread that owned ring `i` is gone; what it wrote stays for the writer.
+    pub fn release(&self, i: usize) {
+        if i != SHARED {
+            self.u32(Self::control(i, ring::OWNER)).store(0, Release);
+        }
+    }
+
+    /// Bytes written to ring `i` and not yet committed.
+    pub fn fill(&self, i: usize) -> u64 {
+        let head = self.u64(Self::control(i, ring::HEAD)).load(Acquire);
+        head - self.u64(Self::control(i, ring::COMMITTED)).load(Acquire).min(head)
+    }
+
+    /// Appends one entry to ring `i` (the caller's own, or `SHARED`). While the ring has no
+    /// room, `wait` is called; when it says to give up, the entry is not written and `None` is
+    /// returned. Else the ring's fill after the entry.
+    pub fn push(&self, i: usize, payload: &[u8], mut wait: impl FnMut(u32) -> bool) -> Option<u64> {
+        debug_assert!(payload.len() + j::FRAME as usize <= j::MAX_ENTRY);
+        let lock = self.u32(Self::control(i, ring::LOCK));
+        if i == SHARED {
+            let mut n = 0;
+            while lock.compare_exchange_weak(0, 1, Acquire, Relaxed).is_err() {
+                n += 1;
+                if n % 64 == 0 {
+                    std::thread::yield_now();
+                }
+                std::hint::spin_loop();
+            }
+        }
+        let r = self.push_owned(i, payload, &mut wait);
+        if i == SHARED {
+            lock.store(0, Release);
+        }
+        r
+    }
+
+    fn push_owned(&self, i: usize, payload: &[u8], wait: &mut impl FnMut(u32) -> bool) -> Option<u64> {
+        let total = j::entry_bytes(payload.len());
+        let head_at = self.u64(Self::control(i, ring::HEAD));
+        let done_at = self.u64(Self::control(i, ring::COMMITTED));
+        let head = head_at.load(Relaxed); // only this producer moves it
+        let mut tries = 0;
+        let done = loop {
+            let done = done_at.load(Acquire);
+            if head + total - done <= j::RING_BYTES {
+                break done;
+            }
+            if !wait(tries) {
+                return None;
+            }
+            tries += 1;
+        };
+        let len = payload.len() as u32;
+        let mut frame = [0u8; j::FRAME as usize];
+        frame[..4].copy_from_slice(&len.to_le_bytes());
+        frame[4..].copy_from_slice(&(!len).to_le_bytes());
+        self.ring_write(i, head, &frame);
+        self.ring_write(i, head + j::FRAME, payload);
+        head_at.store(head + total, Release);
+        Some(head + total - done)
+    }
+
+    /// Writes `src` at ring position `pos`, wrapping around the ring's end.
+    fn ring_write(&self, i: usize, pos: u64, src: &[u8]) {
+        let data = j::ring_offset(i) + j::RING_CONTROL;
+        let mut off = 0;
+        while off < src.len() {
+            let at = (pos + off as u64) % j::RING_BYTES;
+            let n = ((j::RING_BYTES - at) as usize).min(src.len() - off);
+            self.bytes(data + at, &src[off..off + n]);
+            off += n;
+        }
+    }
+
+    fn ring_read(&self, i: usize, pos: u64, dst: &mut [u8]) {
+        let data = j::ring_offset(i) + j::RING_CONTROL;
+        let mut off = 0;
+        while off < dst.len() {
+            let at = (pos + off as u64) % j::RING_BYTES;
+            let n = ((j::RING_BYTES - at) as usize).min(dst.len() - off);
+            self.read(data + at, &mut dst[off..off + n]);
+            off += n;
+        }
+    }
+
+    /// On the writer: the entries of ring `i` from `from` up to what producers published,
+    /// each with its position; returns the position after the last one read.
+    pub fn take(&self, i: usize, from: u64, mut each: impl FnMut(u64, &[u8])) -> u64 {
+        let head = self.u64(Self::control(i, ring::HEAD)).load(Acquire);
+        let mut end = from;
+        j::for_each_entry(&|pos, buf: &mut [u8]| self.ring_read(i, pos, buf), from, head, |pos, payload| {
+            each(pos, payload);
+            end = pos + j::entry_bytes(payload.len());
+        });
+        end
+    }
+
+    /// On the writer, before a write to the trace: where each ring will stand, and how many
+    /// events the trace will hold, once the write completes.
+    pub fn propose(&self, events: u64, positions: &[u64; RINGS]) {
+        for (i, &p) in positions.iter().enumerate() {
+            self.u64(header::PROPOSED + 8 * i as u64).store(p, Relaxed);
+        }
+        self.u64(header::EVENTS_PROPOSED).store(events, Release);
+    }
+
+    /// On the writer, after the write completed: producers may reuse the space before `positions`.
+    pub fn commit(&self, positions: &[u64; RINGS]) {
+        for (i, &p) in positions.iter().enumerate() {
+            self.u64(Self::control(i, ring::COMMITTED)).store(p, Release);
+        }
+    }
+
+    /// On the writer: the id it gave to `key` (see `journal::dict`), for a reader that
+    /// recovers events which name the key without its frames. A full dictionary only costs a
+    /// recovery those names.
+    pub fn remember(&self, kind: u32, id: u32, key: u64, sig: u64) {
+        let n = self.u64(header::DICT_LEN).load(Relaxed);
+        if n >= j::DICT_ENTRIES {
+            return;
+        }
+        let off = j::dict_offset() + n * j::DICT_ENTRY_BYTES;
+        let mut e = [0u8; j::DICT_ENTRY_BYTES as usize];
+        e[..4].copy_from_slice(&kind.to_le_bytes());
+        e[4..8].copy_from_slice(&id.to_le_bytes());
+        e[8..16].copy_from_slice(&key.to_le_bytes());
+        e[16..].copy_from_slice(&sig.to_le_bytes());
+        self.bytes(off, &e);
+        self.u64(header::DICT_LEN).store(n + 1, Release);
+    }
+
+    /// The trace is complete: the journal has nothing left to tell.
+    pub fn remove_file(&self) {
+        if let Some(p) = &self.path {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+
+    /// In a forked child: the parent's journal is not ours to touch.
+    ///
+    /// # Safety
+    /// No reference into the mapping may be used afterwards.
+    pub unsafe fn unmap(&self) {
+        // SAFETY: per the contract; the range is the one mmap returned.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpumemtrace_format::journal::Journal as ReadJournal;
+    use gpumemtrace_format::raw::{Msg, RawPhase};
+    use gpumemtrace_format::PhaseOp;
+
+    #[test]
+    fn entries_pushed_come_out_in_order_across_the_ring_end_and_space_returns_on_commit() {
+        let dir = std::env::temp_dir().join(format!("gmt-ring-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let trace = dir.join("t.trace");
+        let jn = Journal::create(&trace, 0o600, true).unwrap();
+        assert!(j::path_for(&trace).exists());
+        let me = jn.claim(7);
+        assert_eq!(me, 0);
+        assert_eq!(jn.claim(8), 1);
+        jn.release(1);
+        assert_eq!(jn.claim(9), 1);
+        let phase = |n: u64| {
+            let mut p = Vec::new();
+            let name = "x".repeat(980);
+            j::encode(&Msg::Phase(RawPhase { seq: n, time_ns: n, tid: 7, op: PhaseOp::Mark, name }), &mut p);
+            p
+        };
+        let seq_of = |e: &[u8]| match j::decode(e).unwrap() {
+            j::Entry::Msg(Msg::Phase(p)) => p.seq as usize,
+            _ => unreachable!(),
+        };
+        let (mut pos, mut got, mut waits) = (0u64, 0usize, 0);
+        for n in 0..5000u64 {
+            let p = phase(n);
+            let r = jn.push(me, &p, |_| {
+                // Full: play the writer, take everything and commit it.
+                waits += 1;
+                pos = jn.take(me, pos, |_, e| {
+                    assert_eq!(seq_of(e), got);
+                    got += 1;
+                });
+                let mut all = [0u64; RINGS];
+                all[me] = pos;
+                jn.commit(&all);
+                true
+            });
+            assert!(r.is_some());
+        }
+        let uncommitted = 5000 - got;
+        jn.take(me, pos, |_, _| got += 1);
+        assert_eq!(got, 5000);
+        assert!(waits > 0, "1000-byte entries must wrap a 1 MiB ring");
+        // What a reader finds in the file: the uncommitted entries.
+        let read = ReadJournal::read(&j::path_for(&trace)).unwrap();
+        assert_eq!((read.pending(), read.damaged), (uncommitted, false));
+        jn.remove_file();
+        assert!(!j::path_for(&trace).exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_producer_that_gives_up_writes_nothing() {
+        let jn = Journal::create(Path::new("/nonexistent/t.trace"), 0o600, true).unwrap();
+        assert!(jn.path.is_none(), "no directory: anonymous memory");
+        let big = vec![1u8; j::MAX_ENTRY - 8];
+        let mut n = 0;
+        while jn.push(0, &big, |_| false).is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 4);
+        let mut seen = 0;
+        jn.take(0, 0, |_, _| seen += 1);
+        assert_eq!(seen, 4);
+    }
+}
