@@ -280,3 +280,43 @@ fn a_runtime_handling_2000_faults_pays_nothing_for_them() {
     assert!(t.stats.unwrap().final_, "the process went on and finished its trace");
     assert!(fatal_notices(&t) <= 1, "at most the one flush before the first handled signal: {:?}", t.notices);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Case 5: every record within the format's bounds.
+
+#[test]
+fn a_huge_argument_list_is_cut_and_marked_and_the_trace_reads() {
+    // 1.2 MB of arguments (10 of 120 000 bytes; the kernel takes at most 128 KiB each), and,
+    // separately, 150 000 small ones: both over the format's 1 MiB bound for one record.
+    for (n, len) in [(10usize, 120_000usize), (150_000, 3)] {
+        let a: Vec<OsString> = (0..n).map(|i| OsString::from("x".repeat(len - 1) + &(i % 10).to_string())).collect();
+        let (_, traced) = same_with_and_without("prog_bigargs", &a, &[], Duration::from_secs(60));
+        assert!(traced.stdout.starts_with(&format!("argc={}", n + 1)), "{}", traced.stdout);
+        let path = &traced.traces()[0];
+        // The reader reads every record (read_trace panics on an error), the summary works.
+        let t = traced.trace();
+        assert_eq!(alloc_sizes(&t), vec![5 * MIB]);
+        assert!(t.stats.unwrap().final_);
+        let json = summary_json(path);
+        assert_eq!(json["traces"][0]["status"], "complete", "{json}");
+        let out = Command::new(cli()).arg("summary").arg(path).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        // The arguments are cut and say so.
+        let bytes = std::fs::read(path).unwrap();
+        let process = gpumemtrace_format::Reader::new(&bytes[..])
+            .unwrap()
+            .find_map(|r| match r.unwrap() {
+                gpumemtrace_format::Record::Process(p) => Some(p),
+                _ => None,
+            })
+            .unwrap();
+        assert!(process.args.len() < n + 1, "{n} arguments: some are left out");
+        let last = process.args.last().unwrap();
+        assert!(last.starts_with("…[cut ") && last.contains(" arguments, "), "{last}");
+        let kept: usize = process.args.iter().map(|a| a.len()).sum();
+        assert!(kept <= gpumemtrace_format::MAX_ARGS_LEN, "{kept}");
+        if len > gpumemtrace_format::MAX_FIELD_LEN {
+            assert!(process.args[1].ends_with(" bytes]") && process.args[1].len() <= gpumemtrace_format::MAX_FIELD_LEN, "each long argument is cut and marked");
+        }
+    }
+}
