@@ -17,8 +17,9 @@ pub struct Config {
     /// `RANK` / `LOCAL_RANK` as torchrun-style launchers set them: part of the trace's name.
     pub rank: Option<u32>,
     pub local_rank: Option<u32>,
-    /// Testing knobs (documented as such): slow the writer down by this many microseconds per
-    /// batch (`GPUMEMTRACE_TEST_WRITER_DELAY_US`), panic while recording the Nth event
+    /// Testing knobs (documented as such), read in debug builds only (always 0 in release
+    /// builds): slow the writer down by this many microseconds per batch
+    /// (`GPUMEMTRACE_TEST_WRITER_DELAY_US`), panic while recording the Nth event
     /// (`GPUMEMTRACE_TEST_PANIC_AT`).
     pub test_writer_delay_us: u64,
     pub test_panic_at: u64,
@@ -108,8 +109,10 @@ impl Config {
             file_mode,
             rank: rank("RANK"),
             local_rank: rank("LOCAL_RANK"),
-            test_writer_delay_us: number("GPUMEMTRACE_TEST_WRITER_DELAY_US", 10, 1_000_000, 0),
-            test_panic_at: number("GPUMEMTRACE_TEST_PANIC_AT", 10, u64::MAX, 0),
+            // Test knobs exist in debug builds only (the tests run those): a release build
+            // never reads them, so a stray variable cannot slow or stop a real job.
+            test_writer_delay_us: if cfg!(debug_assertions) { number("GPUMEMTRACE_TEST_WRITER_DELAY_US", 10, 1_000_000, 0) } else { 0 },
+            test_panic_at: if cfg!(debug_assertions) { number("GPUMEMTRACE_TEST_PANIC_AT", 10, u64::MAX, 0) } else { 0 },
             python,
             interpreter_frames,
             backtrace_unwinder,
@@ -193,5 +196,17 @@ mod tests {
         let (c, w) = cfg(&[("GPUMEMTRACE_INTERPRETER_FRAMES", "2")]);
         assert!(!c.interpreter_frames);
         assert!(w[0].contains("GPUMEMTRACE_INTERPRETER_FRAMES"), "{w:?}");
+    }
+
+    #[test]
+    fn test_knobs_are_read_in_debug_builds_only() {
+        let (c, w) = cfg(&[("GPUMEMTRACE_TEST_WRITER_DELAY_US", "5"), ("GPUMEMTRACE_TEST_PANIC_AT", "3")]);
+        let knobs = (c.test_writer_delay_us, c.test_panic_at);
+        if cfg!(debug_assertions) {
+            assert_eq!(knobs, (5, 3));
+        } else {
+            assert_eq!(knobs, (0, 0), "a release build ignores test knobs");
+        }
+        assert!(w.is_empty());
     }
 }

@@ -22,10 +22,17 @@ use crate::table::{known_real, learn_real, Id, Layer, ALL};
 // ---------------------------------------------------------------------------------------------
 // dlsym
 
+/// Whether `dlsym` of `name` may have to answer with one of our hooks (a CUDA function we hook).
+/// Allocates nothing: `dlsym` asks it for every name.
+pub fn routes_name(name: &[u8]) -> bool {
+    name.starts_with(b"cu") && Id::by_name(name).is_some()
+}
+
 /// `p` is what `dlsym` of `name` resolved to: our hook if `name` is one we hook, else `p`.
+/// Allocates nothing and takes no lock.
 pub fn route_by_name(hook_addr: impl Fn(Id) -> *mut c_void, name: &CStr, p: *mut c_void) -> *mut c_void {
     let bytes = name.to_bytes();
-    if p.is_null() || !bytes.starts_with(b"cu") {
+    if p.is_null() || !routes_name(bytes) {
         return p;
     }
     let Some(id) = Id::by_name(bytes) else { return p };

@@ -12,7 +12,7 @@
 //! out-parameters, which the helpers do only when the call succeeded. A route line reads
 //! `Layer symbol(args) => (symbol, pfn, flags, version)`: the lookup's arguments routing needs.
 //! The lines stay tokens until a generator expands them: the names they use (`alloc`, `out`,
-//! `pitched`, the CUDA types) are those in scope in `hooks`, where they become code.
+//! `pitched`, `bytes3`, the CUDA types) are those in scope in `hooks`, where they become code.
 //!
 //! Besides the list, this module holds the slots of the real functions behind the hooks. It
 //! depends on `resolve` only (to find a real function).
@@ -80,9 +80,9 @@ macro_rules! hook_table {
                     => |r| alloc(out(r, p), pitched(r, pitch, width, height, 1));
                 Runtime cudaMalloc3D(pp: *mut cudaPitchedPtr, e: cudaExtent) Device Alloc
                     => |r| if r == SUCCESS && !pp.is_null() {
-                        alloc((*pp).ptr as u64, ((*pp).pitch * e.height * e.depth) as u64)
+                        alloc((*pp).ptr as u64, bytes3((*pp).pitch, e.height, e.depth))
                     } else {
-                        alloc(0, (e.width * e.height * e.depth) as u64)
+                        alloc(0, bytes3(e.width, e.height, e.depth))
                     };
                 Runtime cudaMallocManaged(p: *mut *mut c_void, size: usize, flags: c_uint) Managed Alloc
                     => |r| alloc(out(r, p), size as u64);

@@ -14,6 +14,8 @@ mod compress;
 pub mod journal;
 pub mod raw;
 pub use compress::Compressor;
+mod fit;
+pub use fit::{cut, fitted, MAX_ARGS_LEN, MAX_BUILD_ID_LEN, MAX_FIELD_LEN, MAX_LINETABLE_LEN};
 use compress::Body;
 
 /// First 8 bytes of every trace.
@@ -358,8 +360,9 @@ impl Encoder {
         Encoder::default()
     }
 
-    /// Appends `rec` to `out`.
+    /// Appends `rec` to `out`, its long fields cut to the format's bounds ([`fitted`]).
     pub fn encode(&mut self, rec: &Record, out: &mut Vec<u8>) {
+        let rec: &Record = &fitted(rec);
         let p = &mut self.payload;
         p.clear();
         let t = match rec {
@@ -474,7 +477,15 @@ impl Encoder {
             }
             Record::Unknown(t) => *t,
         };
-        out.push(t);
+        if p.len() as u64 > MAX_RECORD_LEN {
+            // Cannot happen after `fitted`; should it, a notice stands in for the record rather
+            // than a length every reader rejects (which would end the trace there).
+            p.clear();
+            put_str(p, &format!("a record (tag {t:#04x}) over the format's bound was left out"));
+            out.push(tag::NOTICE);
+        } else {
+            out.push(t);
+        }
         put_uv(out, p.len() as u64);
         out.extend_from_slice(p);
     }

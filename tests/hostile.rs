@@ -1,0 +1,322 @@
+//! Hostile hosts change nothing (issue 13): a malloc wrapper preloaded before us, `dlerror`
+//! after a failed `dlsym`, the program's own signal handlers of every flavour of flags, a
+//! runtime that handles faults as a mechanism, a huge argument list. Each program is run with
+//! and without the tracer: output, exit status and signal must be the same, and the trace right.
+
+mod common;
+use common::*;
+
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+/// What one run of a program did.
+struct Outcome {
+    stdout: String,
+    stderr: String,
+    status: Option<ExitStatus>,
+    elapsed: Duration,
+    dir: PathBuf,
+}
+
+impl Outcome {
+    /// Exit code or signal, for comparisons and messages.
+    fn ended(&self) -> String {
+        match self.status {
+            None => "still running at the time limit (killed)".into(),
+            Some(s) => match (s.code(), s.signal()) {
+                (Some(c), _) => format!("exit {c}"),
+                (_, Some(sig)) => format!("signal {sig}"),
+                _ => format!("{s:?}"),
+            },
+        }
+    }
+
+    fn traces(&self) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "trace"))
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn trace(&self) -> TraceData {
+        let t = self.traces();
+        assert_eq!(t.len(), 1, "expected one trace, got {t:?}\nstderr: {}", self.stderr);
+        read_trace(&t[0])
+    }
+}
+
+/// Runs an emulated-CUDA program, `preload` as LD_PRELOAD (none: nothing preloaded), output
+/// into files (a program printing in a loop must not block on a pipe), killed after `limit`.
+fn run(prog: &str, args: &[OsString], preload: &[&Path], env: &[(&str, &str)], limit: Duration) -> Outcome {
+    let dir = scratch(prog);
+    let (out, err) = (dir.join("stdout"), dir.join("stderr"));
+    let mut cmd = Command::new(emu().join(prog));
+    cmd.args(args)
+        .current_dir(&dir)
+        .env_remove("LD_PRELOAD")
+        .env("GPUMEMTRACE_OUTPUT", format!("{}/", dir.display()))
+        .env("EMUCUDA_DEVICES", "2")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap());
+    if !preload.is_empty() {
+        let list: Vec<String> = preload.iter().map(|p| p.display().to_string()).collect();
+        cmd.env("LD_PRELOAD", list.join(":"));
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let t0 = Instant::now();
+    let mut child = cmd.spawn().unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let elapsed = t0.elapsed();
+    let read = |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap()).into_owned();
+    Outcome { stdout: read(&out), stderr: read(&err), status, elapsed, dir }
+}
+
+fn args(a: &[&str]) -> Vec<OsString> {
+    a.iter().map(OsString::from).collect()
+}
+
+/// Runs `prog args` without and with the tracer (after the `before` libraries in LD_PRELOAD
+/// both times) and checks the traced run behaves exactly as the untraced one.
+fn same_with_and_without(prog: &str, a: &[OsString], before: &[&Path], limit: Duration) -> (Outcome, Outcome) {
+    let plain = run(prog, a, before, &[], limit);
+    assert!(plain.status.is_some(), "{prog} {a:?} without the tracer did not finish: {}", plain.stdout);
+    let shim = shim();
+    let mut preload: Vec<&Path> = before.to_vec();
+    preload.push(&shim);
+    let traced = run(prog, a, &preload, &[], limit);
+    let show = |o: &Outcome| format!("{}\n--- stdout:\n{}\n--- stderr:\n{}", o.ended(), tail(&o.stdout), tail(&o.stderr));
+    assert_eq!(traced.ended(), plain.ended(), "{prog} {a:?}: traced {}\nuntraced {}", show(&traced), show(&plain));
+    assert_eq!(normalized(&traced.stdout), normalized(&plain.stdout), "{prog} {a:?}: output differs; traced {}", show(&traced));
+    (plain, traced)
+}
+
+/// A program's output with host pointers (which vary with address-space randomisation)
+/// blanked out; emulated device pointers are deterministic and stay.
+fn normalized(stdout: &str) -> String {
+    stdout
+        .lines()
+        .map(|l| {
+            if l.contains("kind=host") || l.contains("kind=managed") {
+                l.split_whitespace().map(|f| if f.starts_with("ptr=") { "ptr=HOST" } else { f }).collect::<Vec<_>>().join(" ")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The last lines of a long output (a loop of crash reports runs to megabytes).
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    let n = lines.len();
+    if n > 20 {
+        format!("[{} lines before]\n{}", n - 20, lines[n - 20..].join("\n"))
+    } else {
+        s.to_owned()
+    }
+}
+
+/// Sizes of the successful allocations in a trace, in order.
+fn alloc_sizes(t: &TraceData) -> Vec<u64> {
+    t.events
+        .iter()
+        .filter(|e| e.result == 0 && t.api(e).op == gpumemtrace_format::Op::Alloc)
+        .map(|e| e.size)
+        .collect()
+}
+
+fn fatal_notices(t: &TraceData) -> usize {
+    t.notices.iter().filter(|n| n.contains("fatal signal")).count()
+}
+
+fn summary_json(path: &Path) -> serde_json::Value {
+    let out = Command::new(cli()).arg("summary").arg("--json").arg(path).output().unwrap();
+    assert!(out.status.success(), "summary: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Case 1: a malloc wrapper preloaded before us, resolving malloc through dlsym(RTLD_NEXT).
+
+#[test]
+fn a_malloc_wrapper_preloaded_before_us_that_resolves_malloc_with_dlsym_runs_as_without_us() {
+    // Before the fix: SIGSEGV (our dlsym allocated, the wrapper's malloc called dlsym again...).
+    let wrapper = emu().join("libmalloc_wrapper.so");
+    for prog in ["prog_driver", "prog_runtime_dynamic", "prog_dlsym"] {
+        let (plain, traced) = same_with_and_without(prog, &[], &[&wrapper], Duration::from_secs(60));
+        assert!(plain.stderr.contains("malloc-wrapper: active"), "{prog}: the wrapper was not in use: {}", plain.stderr);
+        assert!(traced.stderr.contains("malloc-wrapper: active"), "{prog}: {}", traced.stderr);
+        // The trace has every allocation the program made, as it logged them.
+        let mut logged: Vec<u64> = parse_log(&traced.stdout)
+            .iter()
+            .filter(|l| (l.op == "alloc" || l.op == "map") && l.result == 0)
+            .map(|l| l.size.unwrap())
+            .collect();
+        assert!(logged.len() >= 3, "{prog}: {}", traced.stdout);
+        let t = traced.trace();
+        let mut sizes = alloc_sizes(&t);
+        sizes.sort();
+        logged.sort();
+        assert_eq!(sizes, logged, "{prog}");
+        assert!(t.stats.unwrap().final_, "{prog}");
+    }
+    // Threads racing to their first malloc (and the tracer's writer thread with them).
+    let shim = shim();
+    let o = run("prog_threads", &args(&["4", "200"]), &[&wrapper, &shim], &[], Duration::from_secs(60));
+    assert_eq!(o.ended(), "exit 0", "{}", o.stderr);
+    assert!(o.stdout.contains("total_pairs=800"), "{}", o.stdout);
+    assert_eq!(o.trace().events.len(), 4 * 200 * 2 + 4);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Case 2: dlerror after dlsym through us.
+
+#[test]
+fn dlerror_after_dlsym_through_us_says_what_it_says_without_us() {
+    let (_, traced) = same_with_and_without("prog_dlerror", &[], &[], Duration::from_secs(30));
+    assert!(traced.stdout.contains("case=next-missing found=0 error=") && traced.stdout.contains("undefined symbol"), "{}", traced.stdout);
+    assert_eq!(alloc_sizes(&traced.trace()), vec![3 * MIB], "the allocation through a dlsym'd pointer is traced");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Case 3: the program's own signal handlers, every flag honoured; handled faults cost nothing.
+
+/// One mode of prog_signals, run with and without the tracer; the traced run's trace.
+fn signals(mode: &[&str]) -> (Outcome, TraceData) {
+    let (_, traced) = same_with_and_without("prog_signals", &args(mode), &[], Duration::from_secs(20));
+    let t = traced.trace();
+    assert_eq!(alloc_sizes(&t), vec![8 * MIB], "{mode:?}: the allocation before the signal is in the trace");
+    (traced, t)
+}
+
+/// A mode in which the program dies of SIGSEGV: once, with the trace flushed.
+fn dies_of_segv(mode: &str) {
+    let (o, t) = signals(&[mode]);
+    assert_eq!(o.status.unwrap().signal(), Some(libc::SIGSEGV), "{mode}");
+    let n = fatal_notices(&t);
+    assert!((1..=2).contains(&n), "{mode}: {:?}", t.notices);
+}
+
+#[test]
+fn a_one_shot_handler_that_returns_from_a_fault_runs_once_and_the_fault_kills() {
+    // SA_RESETHAND: the handler runs once; the fault, not fixed, comes again and kills. Before
+    // the fix the handler ran forever (11000 crash reports in 60 s), each with a flush.
+    dies_of_segv("oneshot-return");
+    dies_of_segv("oneshot-siginfo-return");
+}
+
+#[test]
+fn handlers_that_raise_the_signal_again_die_of_it_as_without_us() {
+    dies_of_segv("reraise"); // SIG_DFL back, raise
+    dies_of_segv("oneshot-reraise"); // raised while blocked: delivered when the handler returns
+    dies_of_segv("nodefer-reraise"); // SA_NODEFER: the raise kills inside the handler
+    dies_of_segv("chain-later"); // installed after ours, chaining to it (faulthandler, JVMs)
+}
+
+#[test]
+fn sa_nodefer_nests_deliveries_as_without_us() {
+    let (o, _) = signals(&["nodefer-nest"]);
+    assert!(o.stdout.contains("enter 1\nenter 2\nenter 3\nleave 3\nleave 2\nleave 1\nmain goes on"), "{}", o.stdout);
+}
+
+#[test]
+fn the_handlers_signal_mask_is_the_one_the_program_asked_for() {
+    let (o, _) = signals(&["mask"]);
+    assert!(o.stdout.contains("usr1_blocked=1 segv_blocked=1 term_blocked=0"), "{}", o.stdout);
+    let (o, _) = signals(&["mask-nodefer"]);
+    assert!(o.stdout.contains("usr1_blocked=1 segv_blocked=0 term_blocked=0"), "{}", o.stdout);
+}
+
+#[test]
+fn the_handler_runs_on_the_alternate_stack_exactly_when_the_program_asked_for_it() {
+    let (o, _) = signals(&["onstack"]);
+    assert!(o.stdout.contains("on_altstack=1"), "{}", o.stdout);
+    let (o, _) = signals(&["offstack"]);
+    assert!(o.stdout.contains("on_altstack=0"), "{}", o.stdout);
+    // A stack overflow reaches the program's handler on its alternate stack.
+    let (o, _) = signals(&["overflow"]);
+    assert_eq!(o.status.unwrap().code(), Some(9));
+}
+
+#[test]
+fn a_system_call_interrupted_by_a_handled_signal_restarts_exactly_when_the_program_asked_for_it() {
+    // Without SA_RESTART the read() returns EINTR; before the fix ours restarted it.
+    let (o, t) = signals(&["norestart"]);
+    assert!(o.stdout.contains("read returned -1 EINTR"), "{}", o.stdout);
+    assert!(t.stats.unwrap().final_);
+    let (o, _) = signals(&["restart"]);
+    assert!(o.stdout.contains("read returned 1"), "{}", o.stdout);
+}
+
+#[test]
+fn a_runtime_handling_2000_faults_pays_nothing_for_them() {
+    // A language runtime's guard page: each fault fixed with mprotect, the handler returns.
+    // Before the fix each fault waited for a flush: 10.2 s instead of 0.004 s.
+    let (o, t) = signals(&["runtime", "2000"]);
+    assert!(o.stdout.contains("faults fixed=2000"), "{}", o.stdout);
+    assert!(o.elapsed < Duration::from_secs(2), "2000 handled faults took {:?}", o.elapsed);
+    assert!(t.stats.unwrap().final_, "the process went on and finished its trace");
+    assert!(fatal_notices(&t) <= 1, "at most the one flush before the first handled signal: {:?}", t.notices);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Case 5: every record within the format's bounds.
+
+#[test]
+fn a_huge_argument_list_is_cut_and_marked_and_the_trace_reads() {
+    // 1.2 MB of arguments (10 of 120 000 bytes; the kernel takes at most 128 KiB each), and,
+    // separately, 150 000 small ones: both over the format's 1 MiB bound for one record.
+    for (n, len) in [(10usize, 120_000usize), (150_000, 3)] {
+        let a: Vec<OsString> = (0..n).map(|i| OsString::from("x".repeat(len - 1) + &(i % 10).to_string())).collect();
+        let (_, traced) = same_with_and_without("prog_bigargs", &a, &[], Duration::from_secs(60));
+        assert!(traced.stdout.starts_with(&format!("argc={}", n + 1)), "{}", traced.stdout);
+        let path = &traced.traces()[0];
+        // The reader reads every record (read_trace panics on an error), the summary works.
+        let t = traced.trace();
+        assert_eq!(alloc_sizes(&t), vec![5 * MIB]);
+        assert!(t.stats.unwrap().final_);
+        let json = summary_json(path);
+        assert_eq!(json["traces"][0]["status"], "complete", "{json}");
+        let out = Command::new(cli()).arg("summary").arg(path).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        // The arguments are cut and say so.
+        let bytes = std::fs::read(path).unwrap();
+        let process = gpumemtrace_format::Reader::new(&bytes[..])
+            .unwrap()
+            .find_map(|r| match r.unwrap() {
+                gpumemtrace_format::Record::Process(p) => Some(p),
+                _ => None,
+            })
+            .unwrap();
+        assert!(process.args.len() < n + 1, "{n} arguments: some are left out");
+        let last = process.args.last().unwrap();
+        assert!(last.starts_with("…[cut ") && last.contains(" arguments, "), "{last}");
+        let kept: usize = process.args.iter().map(|a| a.len()).sum();
+        assert!(kept <= gpumemtrace_format::MAX_ARGS_LEN, "{kept}");
+        if len > gpumemtrace_format::MAX_FIELD_LEN {
+            assert!(process.args[1].ends_with(" bytes]") && process.args[1].len() <= gpumemtrace_format::MAX_FIELD_LEN, "each long argument is cut and marked");
+        }
+    }
+}
