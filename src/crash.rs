@@ -16,8 +16,7 @@
 //! Only a signal that is about to kill the process gets the flush: the default action, or a
 //! host handler that set the default back and left the signal pending. A fault the host handles
 //! (a language runtime's guard page, fixed with `mprotect`) costs a few system calls, no wait.
-//! One exception, until the trace transport keeps events across `_exit` (issue 13): the first
-//! signal a host handler takes also flushes once, because crash handlers often end in `_exit`.
+//! A host handler that ends the process with `_exit` finishes the trace there (`exits`).
 //!
 //! The handler is async-signal-safe: atomics, `sigaction`, `sigpending`, `raise`, and the
 //! callback given to [`install`] (the tracer's, which asks the writer thread, still running
@@ -38,8 +37,6 @@ static INSTALLED: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
 static RESET: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
 /// The flush for a signal that kills the process has been done (once: the process is dying).
 static FATAL_FLUSHED: AtomicBool = AtomicBool::new(false);
-/// The one flush before a host handler (see the module notes) has been done.
-static HANDLED_FLUSHED: AtomicBool = AtomicBool::new(false);
 /// What a fatal signal runs before the program's disposition (an `fn(i32)`; 0: none).
 static ON_FATAL: AtomicUsize = AtomicUsize::new(0);
 
@@ -139,9 +136,6 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
             libc::raise(sig);
         }
         return;
-    }
-    if !HANDLED_FLUSHED.swap(true, SeqCst) {
-        call_on_fatal(sig);
     }
     // SAFETY: the program's own handler, called with what the kernel gave us. Both handler
     // forms take the signal number first; the one-argument form ignores the other two.

@@ -25,6 +25,7 @@ mod clock;
 mod config;
 mod crash;
 mod exec;
+mod exits;
 #[cfg(target_arch = "x86_64")]
 mod fastunwind;
 mod cuda;

@@ -313,6 +313,7 @@ fn start() {
                 // SAFETY: registering plain extern "C" handlers; they never unwind.
                 unsafe {
                     libc::atexit(at_exit);
+                    at_quick_exit(at_exit);
                     libc::pthread_atfork(None, None, Some(in_forked_child));
                 }
                 crate::crash::install(flush_for_signal);
@@ -445,13 +446,17 @@ fn serve_flush_request(w: &mut Writer) -> std::io::Result<()> {
     r
 }
 
+extern "C" {
+    fn at_quick_exit(f: extern "C" fn()) -> libc::c_int;
+}
+
 /// At exit: switch hooks to synchronous writes, drain the queue, mark the trace complete.
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(finish);
 }
 
-/// Before `exec*`: the same as at exit (the new image starts a trace of its own). Not in a
-/// `vfork` child (Python's subprocess uses vfork): it shares the parent's memory, and the
+/// Before `exec*` (the new image starts a trace of its own) and `_exit`: the same as at exit.
+/// Not in a `vfork` child (Python's subprocess uses vfork): it shares the parent's memory, and the
 /// parent's tracer must go on untouched.
 pub fn finish_before_exec() {
     // SAFETY: getpid has no preconditions.

@@ -5,6 +5,7 @@
 mod common;
 use common::*;
 
+use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -110,9 +111,78 @@ fn sigfpe_and_sigterm_keep_the_trace_and_the_signal() {
 }
 
 #[test]
-fn sigkill_loses_at_most_the_last_flush_interval() {
-    // 100 ms pass between the last allocation and the SIGKILL: more than the 10 ms bound.
+fn sigkill_loses_nothing_even_right_after_the_allocation() {
+    // 100 ms after the last allocation, and at once: the journal holds what the writer had not
+    // written yet.
     assert_dies_of("kill", libc::SIGKILL);
+    assert_dies_of("kill-now", libc::SIGKILL);
+}
+
+#[test]
+fn exits_that_skip_exit_handlers_still_finish_the_trace() {
+    for (mode, code) in [("_exit", 5), ("_Exit", 6), ("quick_exit", 7)] {
+        let run = run_traced("prog_lifecycle", &[mode], &[]);
+        assert_eq!(run.out.status.code(), Some(code), "{mode}: {}", run.stderr);
+        let t = run.trace();
+        assert_eq!(alloc_sizes(&t), vec![8 * MIB, 9 * MIB], "{mode}");
+        assert!(t.stats.is_some_and(|s| s.final_), "{mode}: the trace is complete, not recovered");
+        assert!(!gpumemtrace_format::journal::path_for(&run.traces[0]).exists(), "{mode}: journal removed");
+    }
+}
+
+#[test]
+fn a_forked_worker_leaving_with_underscore_exit_keeps_its_allocations() {
+    let run = run_traced("prog_lifecycle", &["fork-_exit"], &[]);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    let child = stdout_value(&run, "child_pid");
+    let t = read_trace(&trace_named(&run, child));
+    assert_eq!(alloc_sizes(&t), vec![MIB, 2 * MIB, 3 * MIB]);
+    assert!(t.stats.is_some_and(|s| s.final_));
+}
+
+#[test]
+fn sigkill_under_load_keeps_every_call_that_returned() {
+    // Four threads allocate and free as fast as they can; each counts its completed calls in a
+    // shared file mapping, which survives the kill. Every call that returned is in the trace.
+    let dir = scratch("kill-load");
+    let progress = dir.join("progress");
+    let mut child = Command::new(emu().join("prog_threads"))
+        .args(["4", "100000000"])
+        .current_dir(&dir)
+        .env("LD_PRELOAD", shim())
+        .env("GPUMEMTRACE_OUTPUT", format!("{}/", dir.display()))
+        .env("GPUMEMTRACE_FRAMES", "4")
+        .env("PROGRESS_FILE", &progress)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.as_mut().unwrap()), &mut line).unwrap();
+    assert_eq!(line.trim(), "running");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    let done: Vec<u64> = std::fs::read(&progress).unwrap().chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(done.len(), 4);
+    let trace = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|e| e == "trace")).unwrap();
+    let t = read_trace(&trace);
+    let mut by_thread: HashMap<u32, u64> = HashMap::new();
+    for e in t.events.iter().filter(|e| e.size != 0 || t.api_name(e) == "cudaFree") {
+        *by_thread.entry(e.tid).or_default() += 1;
+    }
+    let mut traced: Vec<u64> = by_thread.into_values().filter(|&n| n > 1).collect();
+    traced.sort();
+    let mut done_sorted = done.clone();
+    done_sorted.sort();
+    assert_eq!(traced.len(), 4, "{traced:?} {done:?}");
+    for (got, want) in traced.iter().zip(&done_sorted) {
+        // A thread may have finished a call (in the trace) and been killed before counting it.
+        assert!(*got == *want || *got == *want + 1, "traced {traced:?}, completed {done:?}");
+    }
+    assert!(done.iter().sum::<u64>() > 1000, "the threads got going: {done:?}");
+    assert!(t.notices.iter().any(|n| n.contains("recovered from")), "{:?}", t.notices);
 }
 
 #[test]

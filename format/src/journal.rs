@@ -709,6 +709,60 @@ impl Recovery {
     }
 }
 
+/// A trace's records followed by what its journal recovers: a [`crate::Reader`] for traces
+/// whose process may have died before finishing them. A read error (a cut last record) comes
+/// after the recovered records.
+pub struct Recovering<R: io::Read> {
+    reader: crate::Reader<R>,
+    recovery: Option<Recovery>,
+    tail: Option<std::vec::IntoIter<Record>>,
+    error: Option<crate::ReadError>,
+}
+
+impl<R: io::Read> Recovering<R> {
+    pub fn new(reader: crate::Reader<R>, recovery: Option<Recovery>) -> Recovering<R> {
+        Recovering { reader, recovery, tail: None, error: None }
+    }
+
+    /// Bytes of the trace read so far.
+    pub fn offset(&self) -> u64 {
+        self.reader.offset()
+    }
+
+    pub fn next_record(&mut self) -> Result<Option<Record>, crate::ReadError> {
+        if let Some(tail) = &mut self.tail {
+            return match tail.next() {
+                Some(r) => Ok(Some(r)),
+                None => self.error.take().map_or(Ok(None), Err),
+            };
+        }
+        let r = self.reader.next_record();
+        match (&r, &mut self.recovery) {
+            (Ok(Some(rec)), Some(rc)) => rc.observe(rec),
+            (Ok(Some(_)), None) => {}
+            (_, None) => {}
+            (end, Some(_)) => {
+                if let Err(e) = r {
+                    self.error = Some(e);
+                } else {
+                    debug_assert!(matches!(end, Ok(None)));
+                }
+                let rc = self.recovery.take().expect("checked");
+                self.tail = Some(rc.finish().into_iter());
+                return self.next_record();
+            }
+        }
+        r
+    }
+}
+
+impl<R: io::Read> Iterator for Recovering<R> {
+    type Item = Result<Record, crate::ReadError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_record().transpose()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -111,8 +111,23 @@ impl TraceData {
 pub fn read_trace(path: &Path) -> TraceData {
     let f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut t = TraceData::default();
-    for rec in Reader::new(std::io::BufReader::new(f)).unwrap() {
-        match rec.unwrap_or_else(|e| panic!("{}: {e}", path.display())) {
+    // A journal left beside the trace holds what the process did not get to write (as the CLI
+    // reads it too).
+    let mut recovery = gpumemtrace_format::journal::Recovery::beside(path).unwrap();
+    let mut recs: Vec<Record> = Reader::new(std::io::BufReader::new(f))
+        .unwrap()
+        .map(|rec| rec.unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .inspect(|r| {
+            if let Some(rc) = &mut recovery {
+                rc.observe(r)
+            }
+        })
+        .collect();
+    if let Some(rc) = recovery {
+        recs.extend(rc.finish());
+    }
+    for rec in recs {
+        match rec {
             Record::Process(p) => t.pid = p.pid,
             Record::Api(a) => {
                 t.apis.insert(a.id, a);

@@ -10,6 +10,9 @@
  *   thread-exit     a second thread calls exit() while the main thread sleeps
  *   vfork           allocates, runs /bin/true through vfork + execv (the child shares the
  *                   parent's memory), then allocates again
+ *   _exit|_Exit|quick_exit|kill-now   allocates (a leak), then ends that way at once
+ *   fork-_exit      a forked child allocates three times and leaves with _exit(0), as
+ *                   multiprocessing workers do; prints child_pid=
  *   handler         installs its own SIGSEGV handler (prints "own handler ran", exits 42),
  *                   then segfaults: the program's handler must still run
  */
@@ -134,9 +137,29 @@ int main(int argc, char **argv)
         *(volatile int *)8 = 1;
         return 1;
     }
+    if (!strcmp(mode, "fork-_exit")) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            alloc_leak(1 * MiB);
+            alloc_leak(2 * MiB);
+            alloc_leak(3 * MiB);
+            _exit(0);
+        }
+        waitpid(pid, NULL, 0);
+        printf("child_pid=%d\n", (int)pid);
+        return 0;
+    }
     alloc_leak(8 * MiB);
     alloc_leak(9 * MiB);
-    if (!strcmp(mode, "segv")) {
+    if (!strcmp(mode, "_exit")) {
+        _exit(5);
+    } else if (!strcmp(mode, "_Exit")) {
+        _Exit(6);
+    } else if (!strcmp(mode, "quick_exit")) {
+        quick_exit(7);
+    } else if (!strcmp(mode, "kill-now")) {
+        raise(SIGKILL);
+    } else if (!strcmp(mode, "segv")) {
         *(volatile int *)8 = 1;
     } else if (!strcmp(mode, "abort")) {
         abort();

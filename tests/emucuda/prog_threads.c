@@ -3,13 +3,31 @@
  * 1000) cudaMalloc/cudaFree pairs; every thread leaks exactly one allocation
  * at the end.  Only the leaked allocations are logged, plus a summary line:
  *   total_pairs=<N*M> threads=<N> leaks=<N>
+ * With PROGRESS_FILE set, each thread t stores in that file's t-th u64 how many calls it has
+ * completed (the file is a shared mapping: what was stored survives a SIGKILL), and the
+ * program prints "running" once every thread has made a first call.
  */
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "cuda_runtime.h"
 #include "testlog.h"
 
 static int iters = 1000;
+static volatile uint64_t *progress; /* per thread: calls completed */
+static volatile int started;
+
+static void done_call(int t)
+{
+    if (progress) {
+        progress[t]++;
+        if (progress[t] == 1 && __sync_add_and_fetch(&started, 1) < 0)
+            abort();
+    }
+}
 
 /* distinct per thread and per iteration, never zero */
 static size_t pair_size(int t, int i) { return 4096 + (size_t)t * 256 + (size_t)(i % 97) * 512; }
@@ -21,7 +39,9 @@ static void churn(int t)
     for (i = 0; i < iters; i++) {
         void *p = NULL;
         tl_check("cudaMalloc", cudaMalloc(&p, pair_size(t, i)), 0, __LINE__);
+        done_call(t);
         tl_check("cudaFree", cudaFree(p), 0, __LINE__);
+        done_call(t);
     }
 }
 
@@ -50,6 +70,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s [threads] [pairs-per-thread]\n", argv[0]);
         return 2;
     }
+    if (getenv("PROGRESS_FILE")) {
+        int fd = open(getenv("PROGRESS_FILE"), O_RDWR | O_CREAT, 0600);
+        if (fd < 0 || ftruncate(fd, (off_t)n * 8) != 0)
+            return 2;
+        progress = mmap(NULL, (size_t)n * 8, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (progress == MAP_FAILED)
+            return 2;
+    }
     MUST(cudaFree(0));
     th = calloc((size_t)n, sizeof(*th));
     for (i = 0; i < n; i++)
@@ -57,6 +85,11 @@ int main(int argc, char **argv)
             fprintf(stderr, "EMUCUDA-TEST-FAILURE: pthread_create\n");
             return 1;
         }
+    if (progress) {
+        while (started < n)
+            usleep(1000);
+        printf("running\n");
+    }
     for (i = 0; i < n; i++)
         pthread_join(th[i], NULL);
     free(th);
