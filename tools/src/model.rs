@@ -297,7 +297,7 @@ impl Trace {
                 let mut keys: Vec<GroupKey> = replay
                     .groups
                     .keys()
-                    .filter(|k| k.device == device && (occupies_gpu(k.kind) || k.kind == MemKind::Block))
+                    .filter(|k| k.device == device && (k.kind.occupies_gpu() || k.kind == MemKind::Block))
                     .copied()
                     .collect();
                 // Blocks first: the program's tensors, then the memory they lie in.
@@ -436,28 +436,6 @@ fn outcome_of(e: ReadError) -> Result<Outcome, String> {
     }
 }
 
-/// Pointer namespaces: device, managed and pinned host pointers share the process's virtual
-/// address space; VMM handles, reservations and mappings are each their own.
-pub(crate) fn namespace(kind: MemKind) -> u8 {
-    match kind {
-        MemKind::Device | MemKind::Managed | MemKind::HostPinned => 0,
-        MemKind::VmmPhysical => 1,
-        MemKind::VmmReserved => 2,
-        MemKind::VmmMapped => 3,
-        // A segment's first block has the segment's own address.
-        MemKind::Block => 4,
-    }
-}
-
-/// Kinds that occupy GPU memory. Reservations use none, mappings only point at physical
-/// memory (counting them would count it twice), pinned memory lives on the host.
-pub(crate) fn occupies_gpu(kind: MemKind) -> bool {
-    matches!(
-        kind,
-        MemKind::Device | MemKind::Managed | MemKind::VmmPhysical
-    )
-}
-
 struct Live {
     key: GroupKey,
     size: u64,
@@ -531,7 +509,7 @@ impl Replay {
     fn apply(&mut self, api: &Api, e: &Event) -> Option<Applied> {
         self.ordinal += 1;
         self.last_ns = self.last_ns.max(e.time_ns);
-        let ns = namespace(api.kind);
+        let ns = api.kind.namespace();
         if !self.ext.admit(api, e, ns) {
             return None;
         }
@@ -561,7 +539,7 @@ impl Replay {
                 let device = match api.kind {
                     MemKind::VmmMapped => self
                         .live
-                        .get(&(namespace(MemKind::VmmPhysical), e.extra))
+                        .get(&(MemKind::VmmPhysical.namespace(), e.extra))
                         .map_or(e.device, |l| l.key.device),
                     _ => e.device,
                 };
@@ -597,7 +575,7 @@ impl Replay {
                     g.peak_time_ns = e.time_ns;
                     g.peak_event = Some(ordinal);
                 }
-                if occupies_gpu(api.kind) {
+                if api.kind.occupies_gpu() {
                     let d = self.devices.entry(e.device).or_default();
                     d.live_bytes += e.size;
                     if d.live_bytes > d.peak_bytes {
@@ -679,7 +657,7 @@ impl Replay {
         let g = self.group(old.key);
         g.live_bytes -= old.size;
         g.live_count -= 1;
-        if occupies_gpu(old.key.kind) {
+        if old.key.kind.occupies_gpu() {
             if let Some(d) = self.devices.get_mut(&old.key.device) {
                 d.live_bytes -= old.size;
             }

@@ -10,9 +10,10 @@ use serde_json::json;
 
 /// Address namespace of a kind: device, managed and pinned host pointers share one.
 fn namespace(kind: MemKind) -> &'static str {
-    match kind {
-        MemKind::Device | MemKind::Managed | MemKind::HostPinned => "pointer",
-        other => other.name(),
+    if kind.namespace() == 0 {
+        "pointer"
+    } else {
+        kind.name()
     }
 }
 

@@ -12,7 +12,6 @@ use gpumemtrace_format::{Api, Event, Op, Reader, Record};
 use serde::Serialize;
 
 use crate::input::Input;
-use crate::model::{namespace, occupies_gpu};
 use crate::units::{seconds, size};
 
 #[derive(Debug, Serialize)]
@@ -119,9 +118,9 @@ impl<'a> Source<'a> {
         if e.result != 0 {
             return None;
         }
-        let ns = namespace(api.kind);
+        let ns = api.kind.namespace();
         let changed = match api.op {
-            Op::Alloc if occupies_gpu(api.kind) => {
+            Op::Alloc if api.kind.occupies_gpu() => {
                 if let Some(old) = self.live.insert((ns, e.addr), (e.device, e.size, e.time_ns)) {
                     self.displaced.entry((ns, e.addr)).or_default().push(old);
                 }

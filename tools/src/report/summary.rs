@@ -372,10 +372,7 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
             more_growing_sites: cut(&mut growing, top),
             growing_sites: growing,
             double_allocs: g.double_allocs,
-            occupies_gpu: matches!(
-                key.kind,
-                MemKind::Device | MemKind::Managed | MemKind::VmmPhysical
-            ),
+            occupies_gpu: key.kind.occupies_gpu(),
         });
     }
     // Per device, its blocks (tensors) first: they are what the program asked for.
