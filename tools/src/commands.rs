@@ -1,94 +1,80 @@
-//! The report commands beyond `summary`, `dump` and `run`: timeline, flamegraph, export,
-//! check, diff, phases. Each loads its trace(s) once through the model and writes one output.
+//! The one dispatch from arguments to reports: each command loads its trace(s) once through
+//! the model and writes one output.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
+use crate::args::{Cmd, ExportFormat, Select};
+use crate::error::{Error, Result};
+use crate::input::{self, one_trace, only_trace, traces_of};
 use crate::model::{Filter, Outcome, Step, Trace};
-use crate::report::{check, diff, export, flamegraph, summary, timeline};
+use crate::report::{check, diff, dump, export, flamegraph, summary, timeline};
+use crate::run;
 use crate::symbolize::Symbolizer;
 use crate::timeseries;
 use crate::units::size;
-use crate::{Cmd, ExportFormat, Select};
 
-/// Runs `cmd` if it is one of these commands.
-pub fn dispatch(cmd: &Cmd) -> Option<ExitCode> {
-    let r = match cmd {
-        Cmd::Timeline { sel, output } => timeline_cmd(sel, output.as_deref()),
-        Cmd::Flamegraph { sel, of, level, folded, output } => flamegraph_cmd(sel, *of, *level, *folded, output.as_deref()),
-        Cmd::Export { sel, format, of, level, output } => export_cmd(sel, *format, (*of, *level), output.as_deref()),
-        Cmd::Phases { sel, json } => phases_cmd(sel, *json),
-        Cmd::Check { traces, max_peak, max_leaked, max_failed, max_allocated, max_reserved, device, phase, pid, json } => {
-            let b = check::Budgets {
-                max_peak: *max_peak,
-                max_leaked: *max_leaked,
-                max_failed: *max_failed,
-                max_allocated: *max_allocated,
-                max_reserved: *max_reserved,
-                device: *device,
+/// Runs the command; returns the exit status (0: success, 1: a trace failed its budget or could
+/// not be read, `run`: the command's own).
+pub fn run(cmd: Cmd) -> Result<u8> {
+    match cmd {
+        Cmd::Summary { report, traces } => {
+            let opts = report.into();
+            let paths = input::expand(&traces)?;
+            let mut out = io::stdout().lock();
+            let all_read = summary::run(&paths, &opts, &mut out)?;
+            out.flush()?;
+            Ok(if all_read { 0 } else { 1 })
+        }
+        Cmd::Dump { trace } => {
+            let mut out = io::stdout().lock();
+            let complete = dump::run(&trace, &mut out)?;
+            out.flush()?;
+            Ok(if complete { 0 } else { 1 })
+        }
+        Cmd::Run { output, report, command } => {
+            let opts: summary::Options = report.into();
+            let lib = run::find_lib().map_err(|e| Error::new(e).status(2))?;
+            let l = run::Launch { lib, output: output.unwrap_or_else(|| PathBuf::from(".")), command };
+            // JSON is for a pipe (`run --json -- cmd | jq`), after the command's own output;
+            // text goes to stderr, beside it.
+            let code = if opts.json {
+                run::launch(&l, &opts, &mut io::stdout().lock())
+            } else {
+                run::launch(&l, &opts, &mut io::stderr().lock())
             };
-            return Some(check_cmd(traces, &b, phase.clone(), *pid, *json));
+            code.map_err(|e| Error::new(e).status(2))
         }
-        Cmd::Diff { a, b, json, top, device, phase } => diff_cmd(a, b, *json, *top, *device, phase.clone()),
-        _ => return None,
-    };
-    Some(match r {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.contains("Broken pipe") => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("gpumemtrace: {e}");
-            ExitCode::FAILURE
+        Cmd::Timeline { sel, output } => timeline_cmd(&sel, output.as_deref()).map(|_| 0),
+        Cmd::Flamegraph { sel, of, level, folded, output } => {
+            flamegraph_cmd(&sel, of, level, folded, output.as_deref()).map(|_| 0)
         }
-    })
+        Cmd::Export { sel, format, of, level, output } => export_cmd(&sel, format, (of, level), output.as_deref()).map(|_| 0),
+        Cmd::Phases { sel, json } => phases_cmd(&sel, json).map(|_| 0),
+        Cmd::Check { traces, max_peak, max_leaked, max_failed, max_allocated, max_reserved, device, phase, pid, json } => {
+            let b = check::Budgets { max_peak, max_leaked, max_failed, max_allocated, max_reserved, device };
+            check_cmd(&traces, &b, phase, pid, json)
+        }
+        Cmd::Diff { a, b, json, top, device, phase } => diff_cmd(&a, &b, json, top, device, phase).map(|_| 0),
+    }
 }
 
-/// The trace files of `path` (a file, or a directory's *.trace), those of process `pid` only.
-fn traces_of(paths: &[PathBuf], pid: Option<u32>) -> Result<Vec<PathBuf>, String> {
-    let all = summary::expand(paths)?;
-    let Some(pid) = pid else { return Ok(all) };
-    let v: Vec<PathBuf> = all.into_iter().filter(|p| timeseries::pid_of(p) == Some(pid)).collect();
-    if v.is_empty() {
-        return Err(format!("no trace of pid {pid} (trace files are named gpumemtrace-<pid>.trace)"));
+/// A JSON writer's error as an I/O error of the same kind (a broken pipe stays one).
+fn json_error(e: serde_json::Error) -> io::Error {
+    match e.io_error_kind() {
+        Some(kind) => io::Error::new(kind, e),
+        None => io::Error::other(e),
     }
-    Ok(v)
-}
-
-fn one_trace(path: &Path, pid: Option<u32>) -> Result<PathBuf, String> {
-    let mut v = traces_of(&[path.to_path_buf()], pid)?;
-    if v.len() > 1 {
-        let pids: Vec<String> = v
-            .iter()
-            .map(|p| timeseries::pid_of(p).map_or_else(|| p.display().to_string(), |n| n.to_string()))
-            .collect();
-        return Err(format!(
-            "{} holds {} traces: pick one with --pid ({})",
-            path.display(),
-            v.len(),
-            pids.join(", ")
-        ));
-    }
-    Ok(v.remove(0))
-}
-
-/// The one trace of `path` for a command without --pid (diff): several are an error naming them.
-fn only_trace(path: &Path) -> Result<PathBuf, String> {
-    let mut v = traces_of(&[path.to_path_buf()], None)?;
-    if v.len() > 1 {
-        let names: Vec<String> = v.iter().map(|p| p.display().to_string()).collect();
-        return Err(format!("{} holds {} traces: name the one to compare ({})", path.display(), v.len(), names.join(", ")));
-    }
-    Ok(v.remove(0))
 }
 
 fn filter(device: Option<i32>, phase: Option<String>) -> Filter {
     Filter { device, phase }
 }
 
-fn load(path: &Path, f: &Filter, observe: &mut dyn FnMut(&Step)) -> Result<Trace, String> {
+fn load(path: &Path, f: &Filter, observe: &mut dyn FnMut(&Step)) -> Result<Trace> {
     let t = timeseries::load(path, f, observe)?;
-    let p = crate::input::display(path);
+    let p = input::display(path);
     warn_outcome(path, &t.outcome);
     if let Some(ph) = &f.phase {
         if !t.ext.has_phase(ph) {
@@ -113,7 +99,7 @@ fn on(device: i32) -> String {
 }
 
 fn warn_outcome(path: &Path, outcome: &Outcome) {
-    let p = crate::input::display(path);
+    let p = input::display(path);
     match outcome {
         Outcome::Complete => {}
         Outcome::Truncated { offset } => {
@@ -126,20 +112,20 @@ fn warn_outcome(path: &Path, outcome: &Outcome) {
 }
 
 /// Writes to the file, or stdout when none.
-fn output(path: Option<&Path>, write: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> Result<(), String> {
+fn output(path: Option<&Path>, write: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> Result<()> {
     match path {
         Some(p) => {
             let mut f = BufWriter::new(File::create(p).map_err(|e| format!("{}: {e}", p.display()))?);
-            write(&mut f).and_then(|_| f.flush()).map_err(|e| format!("{}: {e}", p.display()))
+            write(&mut f).and_then(|_| f.flush()).map_err(|e| Error::new(format!("{}: {e}", p.display())))
         }
         None => {
             let mut out = io::stdout().lock();
-            write(&mut out).and_then(|_| out.flush()).map_err(|e| e.to_string())
+            Ok(write(&mut out).and_then(|_| out.flush())?)
         }
     }
 }
 
-fn timeline_cmd(sel: &Select, out: Option<&Path>) -> Result<(), String> {
+fn timeline_cmd(sel: &Select, out: Option<&Path>) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
     let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut |_| {})?;
     let html = out.is_some_and(|p| p.extension().is_some_and(|e| e == "html" || e == "htm"));
@@ -147,7 +133,7 @@ fn timeline_cmd(sel: &Select, out: Option<&Path>) -> Result<(), String> {
     output(out, |w| w.write_all(page.as_bytes()))
 }
 
-fn flamegraph_cmd(sel: &Select, of: flamegraph::Of, level: flamegraph::Level, folded: bool, out: Option<&Path>) -> Result<(), String> {
+fn flamegraph_cmd(sel: &Select, of: flamegraph::Of, level: flamegraph::Level, folded: bool, out: Option<&Path>) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
     let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut |_| {})?;
     let mut sym = Symbolizer::new();
@@ -177,7 +163,7 @@ fn export_cmd(
     format: ExportFormat,
     (of, level): (flamegraph::Of, flamegraph::Level),
     out: Option<&Path>,
-) -> Result<(), String> {
+) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
     let f = filter(sel.device, sel.phase.clone());
     match format {
@@ -195,7 +181,7 @@ fn export_cmd(
             let mut pools = export::perfetto::PoolCounters::default();
             let t = load(&path, &f, &mut |s| pools.observe(s))?;
             let v = export::perfetto::render(&t, sel.device, &pools);
-            output(out, |w| serde_json::to_writer(&mut *w, &v).map_err(io::Error::other))
+            output(out, |w| serde_json::to_writer(&mut *w, &v).map_err(json_error))
         }
         ExportFormat::Speedscope => {
             let t = load(&path, &f, &mut |_| {})?;
@@ -204,12 +190,12 @@ fn export_cmd(
             let stacks = flamegraph::weighted(&t, &mut sym, of, sel.device, level);
             let name = format!("gpumemtrace {}", path.file_name().unwrap_or_default().to_string_lossy());
             let v = export::speedscope::render(&stacks, of, &name);
-            output(out, |w| serde_json::to_writer(&mut *w, &v).map_err(io::Error::other))
+            output(out, |w| serde_json::to_writer(&mut *w, &v).map_err(json_error))
         }
     }
 }
 
-fn phases_cmd(sel: &Select, json: bool) -> Result<(), String> {
+fn phases_cmd(sel: &Select, json: bool) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
     let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut |_| {})?;
     if json {
@@ -224,7 +210,7 @@ fn phases_cmd(sel: &Select, json: bool) -> Result<(), String> {
             .collect();
         let v = serde_json::json!({"phases": rows, "spans": t.ext.spans, "spans_omitted": t.ext.spans_omitted});
         return output(None, |w| {
-            serde_json::to_writer_pretty(&mut *w, &v).map_err(io::Error::other)?;
+            serde_json::to_writer_pretty(&mut *w, &v).map_err(json_error)?;
             writeln!(w)
         });
     }
@@ -251,42 +237,25 @@ fn phases_cmd(sel: &Select, json: bool) -> Result<(), String> {
     })
 }
 
-fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: Option<u32>, json: bool) -> ExitCode {
+fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: Option<u32>, json: bool) -> Result<u8> {
     if !b.any() {
-        eprintln!("gpumemtrace check: no budget given (--max-peak, --max-leaked, --max-failed, --max-allocated, --max-reserved)");
-        return ExitCode::from(2);
+        let e = "no budget given (--max-peak, --max-leaked, --max-failed, --max-allocated, --max-reserved)";
+        return Err(Error::new(e).of("check").status(2));
     }
-    let files = match traces_of(paths, pid) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("gpumemtrace: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let files = traces_of(paths, pid).map_err(|e| Error::new(e).status(2))?;
     let f = filter(b.device, phase.clone());
     let mut traces = Vec::new();
     for p in &files {
-        match timeseries::load(p, &f, &mut |_| {}) {
-            Ok(t) => {
-                warn_outcome(p, &t.outcome);
-                traces.push((p, t));
-            }
-            Err(e) => {
-                eprintln!("gpumemtrace check: {e}");
-                return ExitCode::from(2);
-            }
-        }
+        let t = timeseries::load(p, &f, &mut |_| {}).map_err(|e| Error::new(e).of("check").status(2))?;
+        warn_outcome(p, &t.outcome);
+        traces.push((p, t));
     }
     // Budgets that cannot be judged first (their reason is the more specific one).
     let mut results = Vec::new();
     for (p, t) in &traces {
-        match check::check(&crate::input::display(p), t, b) {
-            Ok(r) => results.push(r),
-            Err(e) => {
-                eprintln!("gpumemtrace check: {}: {e}", crate::input::display(p));
-                return ExitCode::from(2);
-            }
-        }
+        let p = input::display(p);
+        let r = check::check(&p, t, b).map_err(|e| Error::new(format!("{p}: {e}")).of("check").status(2))?;
+        results.push(r);
     }
     // A filter that matches nothing would pass every budget and gate nothing.
     let place = if traces.len() == 1 { "the trace".to_string() } else { format!("any of the {} traces", traces.len()) };
@@ -304,8 +273,8 @@ fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: 
                 }
                 format!("phases: {}", v.join(", "))
             };
-            eprintln!("gpumemtrace check: --phase {ph:?} matches nothing: no phase of that name in {place} ({known})");
-            return ExitCode::from(2);
+            let e = format!("--phase {ph:?} matches nothing: no phase of that name in {place} ({known})");
+            return Err(Error::new(e).of("check").status(2));
         }
     }
     if let Some(d) = b.device {
@@ -318,25 +287,21 @@ fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: 
             } else {
                 format!("allocations: {}", devs.iter().map(|&d| crate::units::place(d)).collect::<Vec<_>>().join(", "))
             };
-            eprintln!("gpumemtrace check: --device {d} matches nothing: no allocation {} in {place} ({known})", on(d));
-            return ExitCode::from(2);
+            let e = format!("--device {d} matches nothing: no allocation {} in {place} ({known})", on(d));
+            return Err(Error::new(e).of("check").status(2));
         }
     }
     let mut out = io::stdout().lock();
     let _ = check::render(&results, json, &mut out).and_then(|_| out.flush());
-    if results.iter().all(|r| r.ok) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    Ok(if results.iter().all(|r| r.ok) { 0 } else { 1 })
 }
 
-fn diff_cmd(a: &Path, b: &Path, json: bool, top: Option<usize>, device: Option<i32>, phase: Option<String>) -> Result<(), String> {
+fn diff_cmd(a: &Path, b: &Path, json: bool, top: Option<usize>, device: Option<i32>, phase: Option<String>) -> Result<()> {
     let f = filter(device, phase);
     let pa = only_trace(a)?;
     let pb = only_trace(b)?;
     let ta = load(&pa, &f, &mut |_| {})?;
     let tb = load(&pb, &f, &mut |_| {})?;
-    let mut d = diff::diff(&crate::input::display(&pa), &ta, &crate::input::display(&pb), &tb, device);
+    let mut d = diff::diff(&input::display(&pa), &ta, &input::display(&pb), &tb, device);
     output(None, |w| diff::render(&mut d, top, json, w))
 }

@@ -487,14 +487,6 @@ fn unreadable(path: &str, len: u64) -> String {
     }
 }
 
-/// The same trace loaded from a directory or file list: `--pid` picks traces by process id.
-pub fn pid_of(path: &Path) -> Option<u32> {
-    // gpumemtrace-<pid>.trace, gpumemtrace-<pid>.<n>.trace
-    let stem = path.file_name()?.to_str()?.strip_suffix(".trace")?;
-    let rest = stem.rsplit_once('-')?.1;
-    rest.split('.').next()?.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -607,12 +599,5 @@ mod tests {
         assert_eq!(t.ext.allocated[&key], [StackUse { stack: 1, bytes: 200, count: 2 }]);
         let pts = t.ext.series[&key].points();
         assert_eq!(pts, [(0, 0, 100, 100)]);
-    }
-
-    #[test]
-    fn pids_from_names() {
-        assert_eq!(pid_of(Path::new("/x/gpumemtrace-1234.trace")), Some(1234));
-        assert_eq!(pid_of(Path::new("gpumemtrace-77.2.trace")), Some(77));
-        assert_eq!(pid_of(Path::new("other.trace")), None);
     }
 }

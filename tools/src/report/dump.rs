@@ -23,11 +23,7 @@ fn namespace(kind: MemKind) -> &'static str {
 pub fn run(path: &Path, out: &mut impl Write) -> io::Result<bool> {
     let name = crate::input::display(path);
     // One pass: standard input (`-`) streams as it comes.
-    let file: Box<dyn io::Read> = if path.as_os_str() == crate::input::STDIN {
-        Box::new(io::stdin().lock())
-    } else {
-        Box::new(std::fs::File::open(path).map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?)
-    };
+    let file = crate::input::stream(path)?;
     let reader = match Reader::new(io::BufReader::new(file)) {
         Ok(r) => r,
         Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{name}: {e}"))),

@@ -231,40 +231,6 @@ pub struct FreeReport {
     pub located: Located,
 }
 
-/// The trace files named by the command line: files as given, directories expanded to
-/// their `*.trace` files, sorted.
-pub fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
-    let mut out = Vec::new();
-    for p in paths {
-        if p.is_dir() {
-            let mut found = trace_files(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            if found.is_empty() {
-                return Err(format!(
-                    "{}: no *.trace files in this directory",
-                    p.display()
-                ));
-            }
-            found.sort();
-            out.extend(found);
-        } else {
-            out.push(p.clone());
-        }
-    }
-    Ok(out)
-}
-
-/// The `*.trace` files directly in `dir`, unsorted.
-pub fn trace_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
-    let mut v = Vec::new();
-    for entry in dir.read_dir()? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "trace") && path.is_file() {
-            v.push(path);
-        }
-    }
-    Ok(v)
-}
-
 /// Summarizes `paths` (trace files) to `out`. Unreadable files are reported on stderr and
 /// skipped; returns false when there was one.
 pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result<bool> {
