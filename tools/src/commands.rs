@@ -7,12 +7,11 @@ use std::path::{Path, PathBuf};
 
 use crate::args::{Cmd, ExportFormat, Select};
 use crate::error::{Error, Result};
-use crate::input::{self, one_trace, only_trace, traces_of};
-use crate::model::{Filter, Outcome, Step, Trace};
+use crate::read::input::{self, one_trace, only_trace, traces_of};
+use crate::model::{Filter, Observer, Outcome, Trace};
 use crate::report::{check, diff, dump, export, flamegraph, summary, timeline};
 use crate::run;
 use crate::symbolize::Symbolizer;
-use crate::timeseries;
 use crate::units::size;
 
 /// Runs the command; returns the exit status (0: success, 1: a trace failed its budget or could
@@ -72,17 +71,17 @@ fn filter(device: Option<i32>, phase: Option<String>) -> Filter {
     Filter { device, phase }
 }
 
-fn load(path: &Path, f: &Filter, observe: &mut dyn FnMut(&Step)) -> Result<Trace> {
-    let t = timeseries::load(path, f, observe)?;
+fn load(path: &Path, f: &Filter, observe: &mut dyn Observer) -> Result<Trace> {
+    let t = crate::model::load(path, f, observe)?;
     let p = input::display(path);
     warn_outcome(path, &t.outcome);
     if let Some(ph) = &f.phase {
-        if !t.ext.has_phase(ph) {
+        if !t.has_phase(ph) {
             eprintln!("warning: {p}: no phase named {ph:?} in this trace");
         }
     }
     if let Some(d) = f.device {
-        if !t.ext.alloc_devices.contains(&d) {
+        if !t.alloc_devices.contains(&d) {
             eprintln!("warning: {p}: no allocation {} in this trace", on(d));
         }
     }
@@ -127,7 +126,7 @@ fn output(path: Option<&Path>, write: impl FnOnce(&mut dyn Write) -> io::Result<
 
 fn timeline_cmd(sel: &Select, out: Option<&Path>) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
-    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut |_| {})?;
+    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut ())?;
     let html = out.is_some_and(|p| p.extension().is_some_and(|e| e == "html" || e == "htm"));
     let page = timeline::render(&t, sel.device, html);
     output(out, |w| w.write_all(page.as_bytes()))
@@ -135,7 +134,7 @@ fn timeline_cmd(sel: &Select, out: Option<&Path>) -> Result<()> {
 
 fn flamegraph_cmd(sel: &Select, of: flamegraph::Of, level: flamegraph::Level, folded: bool, out: Option<&Path>) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
-    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut |_| {})?;
+    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut ())?;
     let mut sym = Symbolizer::new();
     let mut sym = sym.for_trace(&t.modules);
     let stacks = flamegraph::weighted(&t, &mut sym, of, sel.device, level);
@@ -169,7 +168,7 @@ fn export_cmd(
     match format {
         ExportFormat::Memviz => {
             let mut c = export::memviz::Collector::new(sel.device);
-            let t = load(&path, &f, &mut |s| c.observe(s))?;
+            let t = load(&path, &f, &mut c)?;
             let mut sym = Symbolizer::new();
             let mut sym = sym.for_trace(&t.modules);
             let snap = c.finish(&t, &mut sym);
@@ -179,12 +178,12 @@ fn export_cmd(
         }
         ExportFormat::Perfetto => {
             let mut pools = export::perfetto::PoolCounters::default();
-            let t = load(&path, &f, &mut |s| pools.observe(s))?;
+            let t = load(&path, &f, &mut pools)?;
             let v = export::perfetto::render(&t, sel.device, &pools);
             output(out, |w| serde_json::to_writer(&mut *w, &v).map_err(json_error))
         }
         ExportFormat::Speedscope => {
-            let t = load(&path, &f, &mut |_| {})?;
+            let t = load(&path, &f, &mut ())?;
             let mut sym = Symbolizer::new();
             let mut sym = sym.for_trace(&t.modules);
             let stacks = flamegraph::weighted(&t, &mut sym, of, sel.device, level);
@@ -197,10 +196,9 @@ fn export_cmd(
 
 fn phases_cmd(sel: &Select, json: bool) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
-    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut |_| {})?;
+    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut ())?;
     if json {
         let rows: Vec<_> = t
-            .ext
             .by_phase
             .iter()
             .map(|((k, n), u)| {
@@ -208,18 +206,18 @@ fn phases_cmd(sel: &Select, json: bool) -> Result<()> {
                     "allocations": u.allocations, "allocated_bytes": u.bytes, "failed": u.failed})
             })
             .collect();
-        let v = serde_json::json!({"phases": rows, "spans": t.ext.spans, "spans_omitted": t.ext.spans_omitted});
+        let v = serde_json::json!({"phases": rows, "spans": t.spans, "spans_omitted": t.spans_omitted});
         return output(None, |w| {
             serde_json::to_writer_pretty(&mut *w, &v).map_err(json_error)?;
             writeln!(w)
         });
     }
     output(None, |w| {
-        if t.ext.by_phase.is_empty() {
+        if t.by_phase.is_empty() {
             writeln!(w, "no allocations")?;
         }
         writeln!(w, "{:<24} {:<11} {:<13} {:>11} {:>12} {:>7}", "phase", "device", "kind", "allocations", "allocated", "failed")?;
-        for ((k, n), u) in &t.ext.by_phase {
+        for ((k, n), u) in &t.by_phase {
             let name = if n.is_empty() { "(none)" } else { n.as_str() };
             let device = if k.device < 0 { "host memory".to_string() } else { k.device.to_string() };
             writeln!(
@@ -246,7 +244,7 @@ fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: 
     let f = filter(b.device, phase.clone());
     let mut traces = Vec::new();
     for p in &files {
-        let t = timeseries::load(p, &f, &mut |_| {}).map_err(|e| Error::new(e).of("check").status(2))?;
+        let t = crate::model::load(p, &f, &mut ()).map_err(|e| Error::new(e).of("check").status(2))?;
         warn_outcome(p, &t.outcome);
         traces.push((p, t));
     }
@@ -260,8 +258,8 @@ fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: 
     // A filter that matches nothing would pass every budget and gate nothing.
     let place = if traces.len() == 1 { "the trace".to_string() } else { format!("any of the {} traces", traces.len()) };
     if let Some(ph) = &phase {
-        if !traces.iter().any(|(_, t)| t.ext.has_phase(ph)) {
-            let mut names: Vec<&str> = traces.iter().flat_map(|(_, t)| t.ext.phase_names.iter().map(String::as_str)).collect();
+        if !traces.iter().any(|(_, t)| t.has_phase(ph)) {
+            let mut names: Vec<&str> = traces.iter().flat_map(|(_, t)| t.phase_names.iter().map(String::as_str)).collect();
             names.sort_unstable();
             names.dedup();
             let known = if names.is_empty() {
@@ -278,8 +276,8 @@ fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: 
         }
     }
     if let Some(d) = b.device {
-        if !traces.iter().any(|(_, t)| t.ext.alloc_devices.contains(&d)) {
-            let mut devs: Vec<i32> = traces.iter().flat_map(|(_, t)| t.ext.alloc_devices.iter().copied()).collect();
+        if !traces.iter().any(|(_, t)| t.alloc_devices.contains(&d)) {
+            let mut devs: Vec<i32> = traces.iter().flat_map(|(_, t)| t.alloc_devices.iter().copied()).collect();
             devs.sort_unstable_by_key(|&d| (d < 0, d));
             devs.dedup();
             let known = if devs.is_empty() {
@@ -300,8 +298,8 @@ fn diff_cmd(a: &Path, b: &Path, json: bool, top: Option<usize>, device: Option<i
     let f = filter(device, phase);
     let pa = only_trace(a)?;
     let pb = only_trace(b)?;
-    let ta = load(&pa, &f, &mut |_| {})?;
-    let tb = load(&pb, &f, &mut |_| {})?;
+    let ta = load(&pa, &f, &mut ())?;
+    let tb = load(&pb, &f, &mut ())?;
     let mut d = diff::diff(&input::display(&pa), &ta, &input::display(&pb), &tb, device);
     output(None, |w| diff::render(&mut d, top, json, w))
 }

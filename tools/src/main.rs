@@ -2,19 +2,15 @@
 //! runs programs under it.
 
 mod args;
-mod autograd;
 mod commands;
 mod error;
-mod growth;
-mod input;
-mod pool;
 mod model;
 mod python;
+mod read;
 mod report;
 mod run;
 mod sites;
 mod symbolize;
-mod timeseries;
 mod units;
 
 use std::process::ExitCode;

@@ -7,7 +7,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::input::trace_files;
+use crate::read::input::trace_files;
 use crate::report::summary::{self, Options};
 
 /// Name of the preload library, looked for next to this executable.

@@ -21,9 +21,9 @@ fn namespace(kind: MemKind) -> &'static str {
 /// `{"event": ...}`, `{"notice": ...}`, `{"stats": ...}`; a read error ends the dump with
 /// `{"error": ..., "offset": N}` and a non-zero exit.
 pub fn run(path: &Path, out: &mut impl Write) -> io::Result<bool> {
-    let name = crate::input::display(path);
+    let name = crate::read::input::display(path);
     // One pass: standard input (`-`) streams as it comes.
-    let file = crate::input::stream(path)?;
+    let file = crate::read::input::stream(path)?;
     let reader = match Reader::new(io::BufReader::new(file)) {
         Ok(r) => r,
         Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{name}: {e}"))),

@@ -14,8 +14,8 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::autograd::BORROWED;
-use crate::growth::{self, StackTrend};
+use crate::model::autograd::BORROWED;
+use crate::model::growth::{self, StackTrend};
 use crate::model::{StackUse, Trace};
 use crate::python;
 use crate::sites::site_index;

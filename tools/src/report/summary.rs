@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::pools::{PoolAtFailure, PoolReport};
 use super::{cut, growth_sites, locate, sites_by, GrowthSite, Located, Site};
-use crate::input::{self, Input};
+use crate::read::input::{self, Input};
 use crate::model::{Outcome, Trace};
 use crate::symbolize::{Frame, Symbolizer};
 use crate::units::{count, cuda_error_name, cuda_result, error_label, seconds, size, Failed};
@@ -237,7 +237,7 @@ pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result
     let mut sym = Symbolizer::new();
     let mut reports = Vec::new();
     let mut all_read = true;
-    let filter = crate::timeseries::Filter { device: None, phase: opts.phase.clone() };
+    let filter = crate::model::Filter { device: None, phase: opts.phase.clone() };
     // Each input is opened once: a pipe (`-`, /dev/stdin) is read into memory then, and both
     // the per-trace replay and the merged one read it from there.
     let mut inputs = Vec::new();
@@ -251,7 +251,7 @@ pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result
         }
     }
     for input in &inputs {
-        match crate::timeseries::load_input(input, &filter, &mut |_| {}) {
+        match crate::model::load_input(input, &filter, &mut ()) {
             Ok(trace) => {
                 warn_outcome(input.path(), &trace.outcome);
                 reports.push(build(input.path(), &trace, &mut sym, opts));

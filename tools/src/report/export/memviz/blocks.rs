@@ -205,7 +205,7 @@ mod tests {
 
     fn snapshot(b: &TraceBuilder) -> Snapshot {
         let mut c = Collector::new(None);
-        let t = Trace::load_with(|| Ok(&b.bytes[..]), &Default::default(), &mut |s| c.observe(s)).unwrap();
+        let t = Trace::load_with(|| Ok(&b.bytes[..]), &Default::default(), &mut c).unwrap();
         let mut sym = Symbolizer::new();
         c.finish(&t, &mut sym.for_trace(&t.modules))
     }

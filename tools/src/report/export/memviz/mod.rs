@@ -16,7 +16,7 @@ mod driver;
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::model::{Step, Trace};
+use crate::model::{Observer, Step, Trace};
 use crate::symbolize::{Frame, TraceSymbolizer};
 
 use super::pickle::Pickler;
@@ -101,21 +101,23 @@ impl Traces {
     }
 }
 
-/// Collects the trace entries while the model replays (pass it as the loader's observer).
+/// Collects the trace entries while the model replays: an observer of the loader's replay.
 pub struct Collector {
     device: Option<i32>,
     driver: driver::Driver,
     blocks: blocks::Blocks,
 }
 
+impl Observer for Collector {
+    fn step(&mut self, s: &Step) {
+        self.driver.observe(s);
+        self.blocks.observe(s);
+    }
+}
+
 impl Collector {
     pub fn new(device: Option<i32>) -> Collector {
         Collector { device, driver: driver::Driver::default(), blocks: blocks::Blocks::default() }
-    }
-
-    pub fn observe(&mut self, s: &Step) {
-        self.driver.observe(s);
-        self.blocks.observe(s);
     }
 
     pub fn finish(self, trace: &Trace, sym: &mut TraceSymbolizer) -> Snapshot {
