@@ -79,6 +79,14 @@ impl From<io::Error> for Error {
     }
 }
 
+/// A JSON writer's error as an I/O error of the same kind (a broken pipe stays one).
+pub fn json_error(e: serde_json::Error) -> io::Error {
+    match e.io_error_kind() {
+        Some(kind) => io::Error::new(kind, e),
+        None => io::Error::other(e),
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[cfg(test)]

@@ -1,15 +1,11 @@
 //! `gpumemtrace`: summarizes traces written by the libgpumemtrace.so preload library, and
 //! runs programs under it.
 
-mod args;
-mod commands;
+mod cli;
 mod error;
 mod model;
-mod python;
 mod read;
 mod report;
-mod run;
-mod sites;
 mod symbolize;
 mod units;
 
@@ -18,8 +14,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let cli = args::Cli::parse();
-    match commands::run(cli.command) {
+    let cli = cli::args::Cli::parse();
+    match cli::dispatch::run(cli.command) {
         Ok(status) => ExitCode::from(status),
         Err(e) => ExitCode::from(e.report()),
     }

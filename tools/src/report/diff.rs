@@ -9,7 +9,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::sites;
+use super::sites::sites;
 use crate::model::{GroupKey, StackUse, Trace};
 use crate::symbolize::Symbolizer;
 use crate::units::size;
@@ -184,7 +184,7 @@ pub fn render(d: &mut Diff, top: Option<usize>, json: bool, out: &mut dyn Write)
     if json {
         if top.is_some() {
             for v in [&mut d.allocated, &mut d.peak, &mut d.leaks] {
-                super::cut(v, top);
+                super::sites::cut(v, top);
             }
         }
         serde_json::to_writer_pretty(&mut *out, d)?;

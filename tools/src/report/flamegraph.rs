@@ -95,7 +95,7 @@ pub fn weighted(
             Of::Allocated => trace.allocated.get(key).map_or(&[], |v| &v[..]),
         };
         for u in uses.iter().filter(|u| u.bytes > 0) {
-            let located = super::locate(trace, sym, u.stack);
+            let located = crate::symbolize::locate(trace, sym, u.stack);
             let mut frames: Vec<Frame> = located
                 .frames
                 .get(located.site_index..)

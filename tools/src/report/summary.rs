@@ -8,10 +8,10 @@ use gpumemtrace_format::MemKind;
 use serde::Serialize;
 
 use super::pools::{PoolAtFailure, PoolReport};
-use super::{cut, growth_sites, locate, sites_by, GrowthSite, Located, Site};
+use super::sites::{cut, growth_sites, sites_by, GrowthSite, Site};
 use crate::read::input::{self, Input};
 use crate::model::{Outcome, Trace};
-use crate::symbolize::{Frame, Symbolizer};
+use crate::symbolize::{locate, Frame, Located, Symbolizer};
 use crate::units::{count, cuda_error_name, cuda_result, error_label, seconds, size, Failed};
 
 #[derive(Clone, Debug)]
@@ -1011,7 +1011,7 @@ mod tests {
 
     #[test]
     fn sites_merge_by_symbol_and_skip_cuda_frames() {
-        use crate::symbolize::tests::{module_containing, probe_target};
+        use crate::symbolize::native::tests::{module_containing, probe_target};
         let f = probe_target as *const () as usize as u64;
         let mut exe = module_containing(f);
         exe.id = 2;

@@ -156,7 +156,7 @@ fn viz_frames(trace: &Trace, sym: &mut TraceSymbolizer, stack: u32) -> Vec<VizFr
     if stack == 0 {
         return Vec::new();
     }
-    let loc = crate::report::locate(trace, sym, stack);
+    let loc = crate::symbolize::locate(trace, sym, stack);
     loc.frames
         .get(loc.site_index..)
         .unwrap_or_default()

@@ -5,14 +5,13 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use crate::args::{Cmd, ExportFormat, Select};
-use crate::error::{Error, Result};
+use super::args::{Cmd, ExportFormat, Select};
+use super::run;
+use crate::error::{json_error, Error, Result};
 use crate::read::input::{self, one_trace, only_trace, traces_of};
 use crate::model::{Filter, Observer, Outcome, Trace};
-use crate::report::{check, diff, dump, export, flamegraph, summary, timeline};
-use crate::run;
+use crate::report::{check, diff, dump, export, flamegraph, phases, summary, timeline};
 use crate::symbolize::Symbolizer;
-use crate::units::size;
 
 /// Runs the command; returns the exit status (0: success, 1: a trace failed its budget or could
 /// not be read, `run`: the command's own).
@@ -56,14 +55,6 @@ pub fn run(cmd: Cmd) -> Result<u8> {
             check_cmd(&traces, &b, phase, pid, json)
         }
         Cmd::Diff { a, b, json, top, device, phase } => diff_cmd(&a, &b, json, top, device, phase).map(|_| 0),
-    }
-}
-
-/// A JSON writer's error as an I/O error of the same kind (a broken pipe stays one).
-fn json_error(e: serde_json::Error) -> io::Error {
-    match e.io_error_kind() {
-        Some(kind) => io::Error::new(kind, e),
-        None => io::Error::other(e),
     }
 }
 
@@ -197,42 +188,7 @@ fn export_cmd(
 fn phases_cmd(sel: &Select, json: bool) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
     let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut ())?;
-    if json {
-        let rows: Vec<_> = t
-            .by_phase
-            .iter()
-            .map(|((k, n), u)| {
-                serde_json::json!({"phase": n, "device": k.device, "kind": k.kind.name(),
-                    "allocations": u.allocations, "allocated_bytes": u.bytes, "failed": u.failed})
-            })
-            .collect();
-        let v = serde_json::json!({"phases": rows, "spans": t.spans, "spans_omitted": t.spans_omitted});
-        return output(None, |w| {
-            serde_json::to_writer_pretty(&mut *w, &v).map_err(json_error)?;
-            writeln!(w)
-        });
-    }
-    output(None, |w| {
-        if t.by_phase.is_empty() {
-            writeln!(w, "no allocations")?;
-        }
-        writeln!(w, "{:<24} {:<11} {:<13} {:>11} {:>12} {:>7}", "phase", "device", "kind", "allocations", "allocated", "failed")?;
-        for ((k, n), u) in &t.by_phase {
-            let name = if n.is_empty() { "(none)" } else { n.as_str() };
-            let device = if k.device < 0 { "host memory".to_string() } else { k.device.to_string() };
-            writeln!(
-                w,
-                "{:<24} {:<11} {:<13} {:>11} {:>12} {:>7}",
-                name,
-                device,
-                k.kind.name(),
-                u.allocations,
-                size(u.bytes),
-                u.failed
-            )?;
-        }
-        Ok(())
-    })
+    output(None, |w| phases::render(&t, json, w))
 }
 
 fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: Option<u32>, json: bool) -> Result<u8> {
