@@ -139,12 +139,10 @@ pub fn merge(inputs: &[Input]) -> Merged {
         inputs.iter().filter_map(|i| Source::open(i).ok().map(|s| (i.path(), s))).collect();
     let origin = sources.iter().map(|(_, s)| s.start_realtime_ns).min().unwrap_or(0);
     let mut combined: BTreeMap<i32, CombinedDevice> = BTreeMap::new();
-    loop {
-        // The source whose next event happened first (few processes: a linear scan is enough).
-        let Some(i) = (0..sources.len()).filter(|&i| sources[i].1.next.is_some()).min_by_key(|&i| sources[i].1.next_time())
-        else {
-            break;
-        };
+    // The source whose next event happened first (few processes: a linear scan is enough).
+    while let Some(i) =
+        (0..sources.len()).filter(|&i| sources[i].1.next.is_some()).min_by_key(|&i| sources[i].1.next_time())
+    {
         let t = sources[i].1.next_time().unwrap_or(0);
         if let Some(device) = sources[i].1.apply() {
             let total: u64 = sources.iter().map(|(_, s)| s.gpu.live.get(&device).copied().unwrap_or(0)).sum();
