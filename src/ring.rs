@@ -294,7 +294,7 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpumemtrace_format::journal::Journal as ReadJournal;
+    use gpumemtrace_format::recover::Journal as ReadJournal;
     use gpumemtrace_format::raw::{Msg, RawPhase};
     use gpumemtrace_format::PhaseOp;
 

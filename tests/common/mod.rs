@@ -113,7 +113,7 @@ pub fn read_trace(path: &Path) -> TraceData {
     let mut t = TraceData::default();
     // A journal left beside the trace holds what the process did not get to write (as the CLI
     // reads it too).
-    let mut recovery = gpumemtrace_format::journal::Recovery::beside(path).unwrap();
+    let mut recovery = gpumemtrace_format::recover::Recovery::beside(path).unwrap();
     let mut recs: Vec<Record> = Reader::new(std::io::BufReader::new(f))
         .unwrap()
         .map(|rec| rec.unwrap_or_else(|e| panic!("{}: {e}", path.display())))

@@ -1,377 +1,209 @@
 //! `gpumemtrace`: summarizes traces written by the libgpumemtrace.so preload library, and
 //! runs programs under it.
 
-mod autograd;
-mod commands;
-mod growth;
-mod input;
-mod pool;
+mod cli;
+mod error;
 mod model;
-mod python;
+mod read;
 mod report;
-mod run;
-mod sites;
 mod symbolize;
-mod timeseries;
 mod units;
 
-use std::ffi::OsString;
-use std::io::{self, Write};
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
-
-use report::summary;
-
-#[derive(Parser)]
-#[command(
-    name = "gpumemtrace",
-    version,
-    about = "Find GPU memory leaks, peaks and failed allocations of CUDA programs",
-    after_help = "\
-Examples:
-  gpumemtrace run -- python3 train.py --epochs 1
-      run a program traced; its traces land in the current directory and are summarized
-      when it exits
-  gpumemtrace run --output traces/ -- ./app
-  gpumemtrace summary gpumemtrace-1234.trace
-  gpumemtrace summary --frames 4 --top 5 traces/
-  gpumemtrace summary --json --device 0 traces/ > summary.json"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Cmd,
-}
-
-#[derive(Subcommand)]
-enum Cmd {
-    /// Summarize traces: peaks, leaks, failed allocations, bad frees
-    ///
-    /// Per device and memory kind: how much was allocated, the peak and which call sites
-    /// held it, what was still live at the end (leaks); then failed allocations and frees
-    /// of pointers the trace never saw allocated.
-    #[command(after_help = "\
-Examples:
-  gpumemtrace summary gpumemtrace-1234.trace
-  gpumemtrace summary traces/                  every *.trace file in the directory
-  gpumemtrace summary --frames 3 app.trace     show 3 frames of each call site
-  gpumemtrace summary --json app.trace | jq '.traces[0].groups'")]
-    Summary {
-        #[command(flatten)]
-        report: ReportArgs,
-        /// Trace files, or directories of *.trace files
-        #[arg(required = true, value_name = "TRACE")]
-        traces: Vec<PathBuf>,
-    },
-    /// Picture of live GPU memory over time (SVG, or interactive HTML)
-    ///
-    /// One panel per device and memory kind: live bytes over time (downsampled to min/max
-    /// per pixel bucket, so huge traces stay small), the peak marked with its value, failed
-    /// allocations marked in red, phases (gpumemtrace_push/mark, NVTX ranges) shaded.
-    /// The .html page is self-contained: hover for values, wheel to zoom, drag to pan.
-    #[command(after_help = "\
-Examples:
-  gpumemtrace timeline app.trace -o mem.svg
-  gpumemtrace timeline app.trace -o mem.html        interactive, no network needed
-  gpumemtrace timeline traces/ --pid 1234 --device 0 -o gpu0.svg
-  gpumemtrace timeline app.trace --phase backward -o backward.svg")]
-    Timeline {
-        #[command(flatten)]
-        sel: Select,
-        /// Output file: .svg or .html [default: SVG on stdout]
-        #[arg(short, long, value_name = "FILE")]
-        output: Option<PathBuf>,
-    },
-    /// Flame graph of bytes by call stack (inferno), or folded stacks
-    #[command(after_help = "\
-Examples:
-  gpumemtrace flamegraph app.trace --of peak -o peak.svg       who held memory at the peak
-  gpumemtrace flamegraph app.trace --of leaks -o leaks.svg     what was never freed
-  gpumemtrace flamegraph app.trace --of allocated --folded > alloc.folded
-      folded stacks (frame;frame;frame bytes) for flamegraph.pl, speedscope, inferno...
-  gpumemtrace flamegraph train.trace --of peak --level segments -o reserved.svg
-      under PyTorch: what its caching allocator reserved from the driver, not the tensors")]
-    Flamegraph {
-        #[command(flatten)]
-        sel: Select,
-        /// Which bytes: live at each peak, leaked at the end, or everything allocated
-        #[arg(long, value_enum, default_value = "peak")]
-        of: report::flamegraph::Of,
-        /// On devices with PyTorch blocks: the blocks (tensors), or what the driver handed out
-        #[arg(long, value_enum, default_value = "blocks")]
-        level: report::flamegraph::Level,
-        /// Print folded stacks instead of an SVG
-        #[arg(long)]
-        folded: bool,
-        /// Output file [default: stdout]
-        #[arg(short, long, value_name = "FILE")]
-        output: Option<PathBuf>,
-    },
-    /// Export to PyTorch memory_viz (pickle), Perfetto/Chrome (JSON) or speedscope (JSON)
-    #[command(after_help = "\
-Examples:
-  gpumemtrace export app.trace --format memviz -o snapshot.pickle
-      drag into https://pytorch.org/memory_viz (Active Memory Timeline, Allocator State History)
-  gpumemtrace export app.trace --format perfetto -o app.json      open in ui.perfetto.dev
-  gpumemtrace export app.trace --format speedscope --of leaks -o leaks.speedscope.json")]
-    Export {
-        #[command(flatten)]
-        sel: Select,
-        #[arg(long, value_enum)]
-        format: ExportFormat,
-        /// For speedscope: which bytes the profiles weigh
-        #[arg(long, value_enum, default_value = "peak")]
-        of: report::flamegraph::Of,
-        /// For speedscope, on devices with PyTorch blocks: the blocks (tensors), or the driver level
-        #[arg(long, value_enum, default_value = "blocks")]
-        level: report::flamegraph::Level,
-        /// Output file [default: stdout]
-        #[arg(short, long, value_name = "FILE")]
-        output: Option<PathBuf>,
-    },
-    /// CI gate: exit 1 when a trace exceeds a memory budget
-    ///
-    /// Exit status: 0 within every budget, 1 when one is exceeded (each reason printed),
-    /// 2 when a trace cannot be read or a budget cannot be judged (--max-allocated on a trace
-    /// without PyTorch blocks). Sizes take KiB/MiB/GiB (binary) or KB/MB/GB.
-    #[command(after_help = "\
-Examples:
-  gpumemtrace check app.trace --max-peak 10GiB --max-leaked 0
-  gpumemtrace check traces/ --device 0 --max-peak 70GiB --max-failed 0 --json
-  gpumemtrace check train.trace --max-allocated 40GiB --max-reserved 48GiB   tensors, and PyTorch's cache")]
-    Check {
-        /// Trace files, or directories of *.trace files
-        #[arg(required = true, value_name = "TRACE")]
-        traces: Vec<PathBuf>,
-        /// Largest allowed peak of GPU memory per device
-        #[arg(long, value_name = "SIZE", value_parser = report::check::parse_size)]
-        max_peak: Option<u64>,
-        /// Largest allowed memory still live at the end (device, managed, pinned, VMM physical)
-        #[arg(long, value_name = "SIZE", value_parser = report::check::parse_size)]
-        max_leaked: Option<u64>,
-        /// Most failed allocations allowed
-        #[arg(long, value_name = "N")]
-        max_failed: Option<u64>,
-        /// Largest allowed peak of live blocks (tensors) of PyTorch's caching allocator per device
-        #[arg(long, value_name = "SIZE", value_parser = report::check::parse_size)]
-        max_allocated: Option<u64>,
-        /// Largest allowed peak of what the caching allocator reserved from the driver per device
-        #[arg(long, value_name = "SIZE", value_parser = report::check::parse_size)]
-        max_reserved: Option<u64>,
-        /// Only this device (-1: host memory)
-        #[arg(long, value_name = "N", allow_negative_numbers = true)]
-        device: Option<i32>,
-        /// Only allocations made in this phase
-        #[arg(long, value_name = "NAME")]
-        phase: Option<String>,
-        /// Only traces of this process id
-        #[arg(long, value_name = "PID")]
-        pid: Option<u32>,
-        /// Print JSON instead of text
-        #[arg(long)]
-        json: bool,
-    },
-    /// What changed between two runs: peaks, leaks, bytes per call site
-    ///
-    /// A and B are trace files, or directories holding one trace each.
-    #[command(after_help = "\
-Examples:
-  gpumemtrace diff before.trace after.trace
-  gpumemtrace diff --device 0 --top 20 old/ new/        (directories of one trace each)
-  gpumemtrace diff a.trace b.trace --json | jq '.allocated[0]'")]
-    Diff {
-        #[arg(value_name = "A")]
-        a: PathBuf,
-        #[arg(value_name = "B")]
-        b: PathBuf,
-        /// Print JSON instead of text
-        #[arg(long)]
-        json: bool,
-        /// Sites per list [default: 10]
-        #[arg(long, value_name = "N")]
-        top: Option<usize>,
-        /// Only this device (-1: host memory)
-        #[arg(long, value_name = "N", allow_negative_numbers = true)]
-        device: Option<i32>,
-        /// Only allocations made in this phase
-        #[arg(long, value_name = "NAME")]
-        phase: Option<String>,
-    },
-    /// Allocations per phase (gpumemtrace_push/mark, NVTX ranges) and memory group
-    #[command(after_help = "\
-Examples:
-  gpumemtrace phases app.trace
-  gpumemtrace phases --json app.trace")]
-    Phases {
-        #[command(flatten)]
-        sel: Select,
-        /// Print JSON instead of text
-        #[arg(long)]
-        json: bool,
-    },
-    /// Print every record of a trace as JSON lines (for scripts)
-    #[command(after_help = "\
-Example:
-  gpumemtrace dump app.trace | grep '\"event\"' | head")]
-    Dump {
-        #[arg(value_name = "TRACE")]
-        trace: PathBuf,
-    },
-    /// Run a command with the tracer preloaded, then summarize its traces on stderr (--json: stdout)
-    #[command(after_help = "\
-The tracer, libgpumemtrace.so, is looked for next to this executable; set GPUMEMTRACE_LIB
-to use another. Each traced process writes DIR/gpumemtrace-<pid>.trace. The exit code is
-the command's (128+N when it was killed by signal N).
-
-Examples:
-  gpumemtrace run -- python3 train.py
-  gpumemtrace run --output /tmp/traces --frames 3 -- ./app --size 4096")]
-    Run {
-        /// Directory for the traces [default: the current directory]
-        #[arg(short, long, value_name = "DIR")]
-        output: Option<PathBuf>,
-        #[command(flatten)]
-        report: ReportArgs,
-        /// The command and its arguments
-        #[arg(
-            required = true,
-            trailing_var_arg = true,
-            allow_hyphen_values = true,
-            value_name = "CMD"
-        )]
-        command: Vec<OsString>,
-    },
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum ExportFormat {
-    /// PyTorch memory snapshot pickle (memory_viz)
-    Memviz,
-    /// Chrome / Perfetto trace-event JSON
-    Perfetto,
-    /// speedscope JSON
-    Speedscope,
-}
-
-/// Picking one trace and the events that count, shared by the picture and export commands.
-#[derive(Args)]
-struct Select {
-    /// A trace file, or a directory of *.trace files (with --pid when it holds several)
-    #[arg(value_name = "TRACE")]
-    trace: PathBuf,
-    /// The trace of this process id (in a directory)
-    #[arg(long, value_name = "PID")]
-    pid: Option<u32>,
-    /// Only this device (-1: host memory)
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
-    device: Option<i32>,
-    /// Only allocations made in this phase (and their frees)
-    #[arg(long, value_name = "NAME")]
-    phase: Option<String>,
-}
-
-#[derive(Args)]
-struct ReportArgs {
-    /// Print JSON instead of text
-    #[arg(long)]
-    json: bool,
-    /// Call sites (and failures) per list [default: 10; all in JSON]
-    #[arg(long, value_name = "N")]
-    top: Option<usize>,
-    /// Frames to show per call site, starting at the site
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    frames: usize,
-    /// Only this device (-1: host memory)
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
-    device: Option<i32>,
-    /// Only allocations made in this phase (NVTX range or gpumemtrace_push/mark name)
-    #[arg(long, value_name = "NAME")]
-    phase: Option<String>,
-}
-
-impl From<ReportArgs> for summary::Options {
-    fn from(a: ReportArgs) -> Self {
-        summary::Options {
-            json: a.json,
-            top: a.top,
-            frames: a.frames.max(1),
-            device: a.device,
-            phase: a.phase,
-        }
-    }
-}
+use clap::Parser;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    if let Some(code) = commands::dispatch(&cli.command) {
-        return code;
+    let cli = cli::args::Cli::parse();
+    match cli::dispatch::run(cli.command) {
+        Ok(status) => ExitCode::from(status),
+        Err(e) => ExitCode::from(e.report()),
     }
-    match cli.command {
-        Cmd::Summary { report, traces } => {
-            let opts = report.into();
-            let result = summary::expand(&traces).and_then(|paths| {
-                let mut out = io::stdout().lock();
-                match summary::run(&paths, &opts, &mut out).and_then(|ok| out.flush().map(|_| ok)) {
-                    // `gpumemtrace summary ... | head` is not an error.
-                    Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(true),
-                    r => r.map_err(|e| e.to_string()),
-                }
-            });
-            match result {
-                Ok(true) => ExitCode::SUCCESS,
-                Ok(false) => ExitCode::FAILURE,
-                Err(e) => {
-                    eprintln!("gpumemtrace: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        Cmd::Dump { trace } => {
-            let mut out = io::stdout().lock();
-            match report::dump::run(&trace, &mut out).and_then(|ok| out.flush().map(|_| ok)) {
-                Ok(true) => ExitCode::SUCCESS,
-                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
-                Ok(false) => ExitCode::FAILURE,
-                Err(e) => {
-                    eprintln!("gpumemtrace: {e}");
-                    ExitCode::FAILURE
+}
+
+/// The rules of docs/architecture.md, checked: dependencies point one way, down the layers, and
+/// no file is over 800 lines (issue 15).
+#[cfg(test)]
+mod architecture {
+    use std::collections::BTreeMap;
+    use std::path::{Path, PathBuf};
+
+    /// Every .rs file under src/, by module path (`report::summary::build`; `mod.rs` is its
+    /// folder's module; main.rs, the root, is left out).
+    fn modules() -> BTreeMap<String, (PathBuf, String)> {
+        fn walk(dir: &Path, prefix: &str, out: &mut BTreeMap<String, (PathBuf, String)>) {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let p = e.unwrap().path();
+                let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+                let path = if prefix.is_empty() { name.clone() } else { format!("{prefix}::{name}") };
+                if p.is_dir() {
+                    walk(&p, &path, out);
+                } else if p.extension().is_some_and(|e| e == "rs") && !(prefix.is_empty() && name == "main") {
+                    let module = if name == "mod" { prefix.to_string() } else { path };
+                    out.insert(module, (p.clone(), std::fs::read_to_string(&p).unwrap()));
                 }
             }
         }
-        Cmd::Timeline { .. }
-        | Cmd::Flamegraph { .. }
-        | Cmd::Export { .. }
-        | Cmd::Check { .. }
-        | Cmd::Diff { .. }
-        | Cmd::Phases { .. } => unreachable!("dispatched above"),
-        Cmd::Run {
-            output,
-            report,
-            command,
-        } => {
-            let opts: summary::Options = report.into();
-            let result = run::find_lib().and_then(|lib| {
-                let l = run::Launch {
-                    lib,
-                    output: output.unwrap_or_else(|| PathBuf::from(".")),
-                    command,
-                };
-                // JSON is for a pipe (`run --json -- cmd | jq`), after the command's own output;
-                // text goes to stderr, beside it.
-                if opts.json {
-                    run::launch(&l, &opts, &mut io::stdout().lock())
-                } else {
-                    run::launch(&l, &opts, &mut io::stderr().lock())
+        let mut out = BTreeMap::new();
+        walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), "", &mut out);
+        out
+    }
+
+    /// The code of a file without comments and without its test module (a `tests.rs` file is all
+    /// test code): tests may reach anywhere.
+    fn code(module: &str, text: &str) -> String {
+        if module == "tests" || module.ends_with("::tests") {
+            return String::new();
+        }
+        // An inline test module (`#[cfg(test)] mod tests {`, `pub(crate) mod tests {`) ends the file.
+        let inline_tests = text.match_indices("#[cfg(test)]").map(|(i, _)| i).find(|&i| {
+            let next = text[i + "#[cfg(test)]".len()..].trim_start();
+            let next = next.strip_prefix("pub(crate) ").or_else(|| next.strip_prefix("pub ")).unwrap_or(next);
+            next.starts_with("mod tests {")
+        });
+        let text = &text[..inline_tests.unwrap_or(text.len())];
+        text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
+    }
+
+    /// The paths a piece of code names after `prefix` (`crate::`, `super::`): `a::b::c`, and
+    /// each item of a `{a, b::c}` group.
+    fn paths_after(code: &str, prefix: &str) -> Vec<String> {
+        let seg = |s: &str| -> String {
+            s.trim().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':').collect()
+        };
+        let mut out = Vec::new();
+        for (i, _) in code.match_indices(prefix) {
+            if i > 0 && code[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+                continue; // `super::super::x` is read from its first `super::`
+            }
+            let mut rest = &code[i + prefix.len()..];
+            let mut base = String::new();
+            while let Some(r) = rest.strip_prefix("super::") {
+                base.push_str("super::");
+                rest = r;
+            }
+            let head = seg(rest);
+            let after = &rest[head.len()..];
+            if let Some(group) = after.strip_prefix('{').or_else(|| head.is_empty().then_some("").and(rest.strip_prefix('{'))) {
+                let group = group.split('}').next().unwrap_or("");
+                for item in group.split(',') {
+                    out.push(format!("{base}{head}{}", seg(item)));
                 }
-            });
-            match result {
-                Ok(code) => ExitCode::from(code),
-                Err(e) => {
-                    eprintln!("gpumemtrace: {e}");
-                    ExitCode::from(2)
+            } else {
+                out.push(format!("{base}{}", head.trim_end_matches(':')));
+            }
+        }
+        out
+    }
+
+    /// Each module and the modules it uses: a path resolves to the longest module it starts
+    /// with; `mod.rs` files depend on the children they re-export (`pub use child::...`).
+    fn dependencies() -> BTreeMap<String, Vec<String>> {
+        let mods = modules();
+        let resolve = |path: &str| -> Option<String> {
+            let parts: Vec<&str> = path.split("::").filter(|p| !p.is_empty()).collect();
+            (1..=parts.len()).rev().map(|n| parts[..n].join("::")).find(|m| mods.contains_key(m))
+        };
+        let mut deps = BTreeMap::new();
+        for (module, (file, text)) in &mods {
+            let code = code(module, text);
+            let is_mod_rs = file.file_name().is_some_and(|n| n == "mod.rs");
+            // The module `super::` names: the parent of this one (of a folder's, for mod.rs).
+            let parent = module.rsplit_once("::").map_or("", |(p, _)| p);
+            let mut found: Vec<String> = paths_after(&code, "crate::").iter().filter_map(|p| resolve(p)).collect();
+            for p in paths_after(&code, "super::") {
+                let mut base: Vec<&str> = parent.split("::").filter(|s| !s.is_empty()).collect();
+                let mut rest = p.as_str();
+                while let Some(r) = rest.strip_prefix("super::") {
+                    base.pop();
+                    rest = r;
+                }
+                let full = if base.is_empty() { rest.to_string() } else { format!("{}::{rest}", base.join("::")) };
+                found.extend(resolve(&full));
+            }
+            if is_mod_rs {
+                for line in code.lines() {
+                    if let Some(child) = line.trim().strip_prefix("pub use ").and_then(|r| r.split("::").next()) {
+                        found.extend(resolve(&format!("{module}::{child}")));
+                    }
                 }
             }
+            found.retain(|d| d != module);
+            found.sort();
+            found.dedup();
+            deps.insert(module.clone(), found);
+        }
+        deps
+    }
+
+    #[test]
+    fn module_dependencies_have_no_cycle() {
+        let deps = dependencies();
+        assert!(deps["model::load"].contains(&"read::replay".to_owned()), "{deps:#?}");
+        fn visit<'a>(m: &'a str, deps: &'a BTreeMap<String, Vec<String>>, path: &mut Vec<&'a str>, done: &mut Vec<&'a str>) {
+            if done.contains(&m) {
+                return;
+            }
+            if let Some(i) = path.iter().position(|&p| p == m) {
+                panic!("module dependency cycle: {} -> {m}\nall: {deps:#?}", path[i..].join(" -> "));
+            }
+            path.push(m);
+            for d in &deps[m] {
+                visit(d, deps, path, done);
+            }
+            path.pop();
+            done.push(m);
+        }
+        let mut done = Vec::new();
+        for m in deps.keys() {
+            visit(m, &deps, &mut Vec::new(), &mut done);
+        }
+    }
+
+    /// The folders are the layers, and each uses only those below it: reading and replay, the
+    /// model, symbolization, reports, the command line; `units` and `error` beneath them all.
+    #[test]
+    fn layers_depend_only_on_layers_below() {
+        let rank = |m: &str| match m.split("::").next().unwrap() {
+            "units" | "error" => 0,
+            "read" => 1,
+            "model" => 2,
+            "symbolize" => 3,
+            "report" => 4,
+            "cli" => 5,
+            other => panic!("{other}: a top-level module outside the layers (see docs/architecture.md)"),
+        };
+        for (m, ds) in dependencies() {
+            for d in ds {
+                let (a, b) = (m.split("::").next().unwrap(), d.split("::").next().unwrap());
+                assert!(a == b || rank(&d) < rank(&m), "{m} uses {d}, which is not in a layer below it");
+            }
+        }
+    }
+
+    /// A folder's mod.rs only declares and re-exports: its code lives in the files beside it.
+    #[test]
+    fn mod_rs_files_only_declare() {
+        for (module, (file, text)) in modules() {
+            if file.file_name().is_none_or(|n| n != "mod.rs") {
+                continue;
+            }
+            let code = code(&module, text.as_str());
+            let mut in_use = false;
+            for line in code.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                let ok = in_use
+                    || ["mod ", "pub mod ", "pub(crate) mod ", "pub use ", "#[cfg(test)]"].iter().any(|p| line.starts_with(p));
+                assert!(ok, "{}: {line:?}: code belongs in a file of its own", file.display());
+                in_use = (line.starts_with("pub use ") || in_use) && !line.ends_with(';');
+            }
+        }
+    }
+
+    #[test]
+    fn no_source_file_is_over_800_lines() {
+        for (_, (file, text)) in modules() {
+            let n = text.lines().count();
+            assert!(n <= 800, "{} has {n} lines: split it (see docs/architecture.md)", file.display());
         }
     }
 }

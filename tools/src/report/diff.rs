@@ -9,7 +9,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::sites;
+use super::sites::sites;
 use crate::model::{GroupKey, StackUse, Trace};
 use crate::symbolize::Symbolizer;
 use crate::units::size;
@@ -86,7 +86,7 @@ type Per = BTreeMap<(GroupKey, String), (u64, u64)>;
 fn per_site(trace: &Trace, sym: &mut Symbolizer, pick: impl Fn(&GroupKey) -> Vec<StackUse>) -> Per {
     let mut sym = sym.for_trace(&trace.modules);
     let mut out = Per::new();
-    for key in trace.groups.keys().chain(trace.ext.allocated.keys()) {
+    for key in trace.groups.keys().chain(trace.allocated.keys()) {
         if out.keys().any(|(k, _)| k == key) {
             continue;
         }
@@ -153,7 +153,7 @@ pub fn diff(pa: &str, a: &Trace, pb: &str, b: &Trace, device: Option<i32>) -> Di
     // Capability probes are not failed allocations (see `units::classify`).
     let nf = |t: &Trace| t.failures.iter().filter(|f| wanted(&f.device) && f.counts()).count() as u64;
     let alloc = |t: &Trace, sym: &mut Symbolizer| {
-        per_site(t, sym, |k| t.ext.allocated.get(k).cloned().unwrap_or_default())
+        per_site(t, sym, |k| t.allocated.get(k).cloned().unwrap_or_default())
     };
     let peak = |t: &Trace, sym: &mut Symbolizer| {
         per_site(t, sym, |k| t.groups.get(k).map(|g| g.peak_stacks.clone()).unwrap_or_default())
@@ -184,7 +184,7 @@ pub fn render(d: &mut Diff, top: Option<usize>, json: bool, out: &mut dyn Write)
     if json {
         if top.is_some() {
             for v in [&mut d.allocated, &mut d.peak, &mut d.leaks] {
-                super::cut(v, top);
+                super::sites::cut(v, top);
             }
         }
         serde_json::to_writer_pretty(&mut *out, d)?;

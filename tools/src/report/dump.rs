@@ -10,9 +10,10 @@ use serde_json::json;
 
 /// Address namespace of a kind: device, managed and pinned host pointers share one.
 fn namespace(kind: MemKind) -> &'static str {
-    match kind {
-        MemKind::Device | MemKind::Managed | MemKind::HostPinned => "pointer",
-        other => other.name(),
+    if kind.namespace() == 0 {
+        "pointer"
+    } else {
+        kind.name()
     }
 }
 
@@ -20,13 +21,9 @@ fn namespace(kind: MemKind) -> &'static str {
 /// `{"event": ...}`, `{"notice": ...}`, `{"stats": ...}`; a read error ends the dump with
 /// `{"error": ..., "offset": N}` and a non-zero exit.
 pub fn run(path: &Path, out: &mut impl Write) -> io::Result<bool> {
-    let name = crate::input::display(path);
+    let name = crate::read::input::display(path);
     // One pass: standard input (`-`) streams as it comes.
-    let file: Box<dyn io::Read> = if path.as_os_str() == crate::input::STDIN {
-        Box::new(io::stdin().lock())
-    } else {
-        Box::new(std::fs::File::open(path).map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?)
-    };
+    let file = crate::read::input::stream(path)?;
     let reader = match Reader::new(io::BufReader::new(file)) {
         Ok(r) => r,
         Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{name}: {e}"))),

@@ -92,10 +92,10 @@ pub fn weighted(
         let uses: &[StackUse] = match of {
             Of::Peak => &g.peak_stacks,
             Of::Leaks => &g.leak_stacks,
-            Of::Allocated => trace.ext.allocated.get(key).map_or(&[], |v| &v[..]),
+            Of::Allocated => trace.allocated.get(key).map_or(&[], |v| &v[..]),
         };
         for u in uses.iter().filter(|u| u.bytes > 0) {
-            let located = super::locate(trace, sym, u.stack);
+            let located = crate::symbolize::locate(trace, sym, u.stack);
             let mut frames: Vec<Frame> = located
                 .frames
                 .get(located.site_index..)

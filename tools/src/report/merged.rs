@@ -5,14 +5,15 @@
 //! event times), so the combined peak is a real moment, not a sum of unrelated peaks. A
 //! process's memory counts until its trace's last event (traces carry no exit time).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::{self, BufReader, Read, Write};
 
-use gpumemtrace_format::{Api, Event, Op, Reader, Record};
+use gpumemtrace_format::{Event, Reader, Record};
 use serde::Serialize;
 
-use crate::input::Input;
-use crate::model::{namespace, occupies_gpu};
+use crate::read::filter::Filter;
+use crate::read::input::Input;
+use crate::read::replay::{Observer, Replay, Step, StepKind};
 use crate::units::{seconds, size};
 
 #[derive(Debug, Serialize)]
@@ -44,23 +45,38 @@ pub struct CombinedDevice {
     pub live_bytes_at_end: u64,
 }
 
-/// A live allocation: device, size, time of the allocation.
-type LiveAlloc = (i32, u64, u64);
-
-/// One trace being read, with its next event.
+/// One trace being read, with its next event, replayed by the one replay (`read::replay`).
 struct Source<'a> {
     pid: u32,
     start_realtime_ns: u64,
     reader: Reader<BufReader<Box<dyn Read + 'a>>>,
-    apis: HashMap<u32, Api>,
+    replay: Replay,
     next: Option<Event>,
-    /// (device, size, time) by address; `displaced` as in the model's replay.
-    live: HashMap<(u8, u64), LiveAlloc>,
-    displaced: HashMap<(u8, u64), Vec<LiveAlloc>>,
-    peaks: BTreeMap<i32, u64>,
-    device_live: BTreeMap<i32, u64>,
+    gpu: GpuMemory,
     rank: Option<u32>,
     local_rank: Option<u32>,
+}
+
+/// The observer of a trace's replay: its GPU memory per device, its peaks, and the device the
+/// last step changed.
+#[derive(Default)]
+struct GpuMemory {
+    live: BTreeMap<i32, u64>,
+    peaks: BTreeMap<i32, u64>,
+    changed: Option<i32>,
+}
+
+impl Observer for GpuMemory {
+    fn step(&mut self, s: &Step) {
+        if !matches!(s.kind, StepKind::Alloc | StepKind::Free) || !s.key.kind.occupies_gpu() {
+            return;
+        }
+        let d = s.key.device;
+        self.live.insert(d, s.device_live);
+        let peak = self.peaks.entry(d).or_default();
+        *peak = (*peak).max(s.device_live);
+        self.changed = Some(d);
+    }
 }
 
 impl<'a> Source<'a> {
@@ -72,12 +88,9 @@ impl<'a> Source<'a> {
             pid: 0,
             start_realtime_ns: 0,
             reader,
-            apis: HashMap::new(),
+            replay: Replay::new(&Filter::default(), false),
             next: None,
-            live: HashMap::new(),
-            displaced: HashMap::new(),
-            peaks: BTreeMap::new(),
-            device_live: BTreeMap::new(),
+            gpu: GpuMemory::default(),
             rank: None,
             local_rank: None,
         };
@@ -96,14 +109,13 @@ impl<'a> Source<'a> {
                     self.rank = p.rank;
                     self.local_rank = p.local_rank;
                 }
-                Record::Api(a) => {
-                    self.apis.insert(a.id, a);
-                }
                 Record::Event(e) => {
                     self.next = Some(e);
                     return;
                 }
-                _ => {}
+                rec => {
+                    self.replay.feed(&rec, &mut ());
+                }
             }
         }
     }
@@ -115,39 +127,9 @@ impl<'a> Source<'a> {
     /// Applies the pending event; returns the device whose GPU memory changed.
     fn apply(&mut self) -> Option<i32> {
         let e = self.next?;
-        let api = self.apis.get(&e.api)?;
-        if e.result != 0 {
-            return None;
-        }
-        let ns = namespace(api.kind);
-        let changed = match api.op {
-            Op::Alloc if occupies_gpu(api.kind) => {
-                if let Some(old) = self.live.insert((ns, e.addr), (e.device, e.size, e.time_ns)) {
-                    self.displaced.entry((ns, e.addr)).or_default().push(old);
-                }
-                *self.device_live.entry(e.device).or_default() += e.size;
-                Some(e.device)
-            }
-            Op::Alloc => None,
-            Op::Free => {
-                // A free older than the live allocation at its address frees the one it displaced.
-                let k = (ns, e.addr);
-                let older = self.live.get(&k).is_none_or(|l| e.time_ns < l.2);
-                let freed = match self.displaced.get_mut(&k).filter(|_| older).and_then(|v| v.pop()) {
-                    Some(old) => Some(old),
-                    None => self.live.remove(&k),
-                };
-                let (device, size, _) = freed?;
-                *self.device_live.entry(device).or_default() -= size;
-                Some(device)
-            }
-        };
-        if let Some(d) = changed {
-            let live = self.device_live[&d];
-            let peak = self.peaks.entry(d).or_default();
-            *peak = (*peak).max(live);
-        }
-        changed
+        self.gpu.changed = None;
+        self.replay.apply(&e, &mut self.gpu);
+        self.gpu.changed
     }
 }
 
@@ -157,15 +139,13 @@ pub fn merge(inputs: &[Input]) -> Merged {
         inputs.iter().filter_map(|i| Source::open(i).ok().map(|s| (i.path(), s))).collect();
     let origin = sources.iter().map(|(_, s)| s.start_realtime_ns).min().unwrap_or(0);
     let mut combined: BTreeMap<i32, CombinedDevice> = BTreeMap::new();
-    loop {
-        // The source whose next event happened first (few processes: a linear scan is enough).
-        let Some(i) = (0..sources.len()).filter(|&i| sources[i].1.next.is_some()).min_by_key(|&i| sources[i].1.next_time())
-        else {
-            break;
-        };
+    // The source whose next event happened first (few processes: a linear scan is enough).
+    while let Some(i) =
+        (0..sources.len()).filter(|&i| sources[i].1.next.is_some()).min_by_key(|&i| sources[i].1.next_time())
+    {
         let t = sources[i].1.next_time().unwrap_or(0);
         if let Some(device) = sources[i].1.apply() {
-            let total: u64 = sources.iter().map(|(_, s)| s.device_live.get(&device).copied().unwrap_or(0)).sum();
+            let total: u64 = sources.iter().map(|(_, s)| s.gpu.live.get(&device).copied().unwrap_or(0)).sum();
             let c = combined.entry(device).or_insert(CombinedDevice {
                 device,
                 peak_bytes: 0,
@@ -178,7 +158,7 @@ pub fn merge(inputs: &[Input]) -> Merged {
                 c.peak_time_ns = t.saturating_sub(origin);
                 c.peak_by_pid = sources
                     .iter()
-                    .filter_map(|(_, s)| s.device_live.get(&device).filter(|&&b| b > 0).map(|&b| (s.pid, b)))
+                    .filter_map(|(_, s)| s.gpu.live.get(&device).filter(|&&b| b > 0).map(|&b| (s.pid, b)))
                     .collect();
             }
         }
@@ -186,7 +166,7 @@ pub fn merge(inputs: &[Input]) -> Merged {
         if sources[i].1.next.is_none() {
             // The trace ended: the process's memory goes back to the driver when it exits. With
             // no exit time in the trace, its last event is the best moment there is.
-            for (device, bytes) in std::mem::take(&mut sources[i].1.device_live) {
+            for (device, bytes) in std::mem::take(&mut sources[i].1.gpu.live) {
                 if let Some(c) = combined.get_mut(&device) {
                     c.live_bytes_at_end += bytes;
                 }
@@ -201,7 +181,7 @@ pub fn merge(inputs: &[Input]) -> Merged {
                 pid: s.pid,
                 rank: s.rank,
                 local_rank: s.local_rank,
-                peaks: s.peaks,
+                peaks: s.gpu.peaks,
             })
             .collect(),
         devices: combined.into_values().collect(),

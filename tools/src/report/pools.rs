@@ -7,9 +7,9 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::{cut, sites_by, Site};
+use super::sites::{cut, sites_by, Site};
 use crate::model::{Pool, Trace};
-use crate::pool::Reported;
+use crate::model::pool::Reported;
 use crate::symbolize::TraceSymbolizer;
 use crate::units::{count, seconds, size};
 

@@ -84,9 +84,9 @@ pub fn render(trace: &Trace, device: Option<i32>, html: bool) -> String {
         .groups
         .iter()
         .filter(|(k, _)| device.is_none_or(|d| d == k.device))
-        .filter(|(k, _)| trace.ext.series.contains_key(k))
+        .filter(|(k, _)| trace.series.contains_key(k))
         .collect();
-    let end_ns = trace.ext.end_ns.max(1);
+    let end_ns = trace.end_ns.max(1);
     let n = groups.len().max(1) as f64;
     let height = TOP + n * PANEL_H + (n - 1.0) * GAP + BOTTOM;
     let x_of = |t: u64| t as f64 / end_ns as f64 * PLOT_W;
@@ -123,7 +123,7 @@ pub fn render(trace: &Trace, device: Option<i32>, html: bool) -> String {
         s,
         r##"<text x="{LEFT}" y="44" fill="#555">{} events over {}; {} failed allocation{}; shaded: phases</text>"##,
         trace.events,
-        seconds(trace.ext.end_ns),
+        seconds(trace.end_ns),
         failures_n,
         if failures_n == 1 { "" } else { "s" }
     );
@@ -136,7 +136,7 @@ pub fn render(trace: &Trace, device: Option<i32>, html: bool) -> String {
     }
 
     // Phases to shade: marks and outermost ranges.
-    let shaded: Vec<_> = trace.ext.spans.iter().filter(|p| p.depth == 0).collect();
+    let shaded: Vec<_> = trace.spans.iter().filter(|p| p.depth == 0).collect();
     // Colours by order of first appearance, so that neighbours differ.
     let mut phase_names: Vec<&str> = Vec::new();
     for p in &shaded {
@@ -151,7 +151,7 @@ pub fn render(trace: &Trace, device: Option<i32>, html: bool) -> String {
 
     let mut panels = Vec::new();
     for (i, (key, g)) in groups.iter().enumerate() {
-        let series = &trace.ext.series[*key];
+        let series = &trace.series[*key];
         // Flat stretches (empty buckets carry the value forward) collapse into one point.
         let mut points: Vec<(u64, u64, u64, u64)> = Vec::new();
         for p in series.points() {

@@ -2,6 +2,6 @@
 
 pub mod memviz;
 pub mod perfetto;
-mod pickle;
+pub(crate) mod pickle;
 mod pool_steps;
 pub mod speedscope;

@@ -10,11 +10,11 @@ use gpumemtrace_format::MemKind;
 use serde_json::{json, Value};
 
 use super::pool_steps::StepPools;
-use crate::model::{Step, StepKind, Trace};
+use crate::model::{Observer, Step, StepKind, Trace};
 use crate::units::{cuda_result, size};
 
 /// Allocated and reserved bytes per device at each change, `(time ns, bytes)`, collected while
-/// the model replays (pass [`PoolCounters::observe`] as the loader's observer). They are the
+/// the model replays (an observer of the loader's replay). They are the
 /// model's own pool figures (the same `Pools`), so their peaks and last values are the summary's.
 #[derive(Default)]
 pub struct PoolCounters {
@@ -23,8 +23,8 @@ pub struct PoolCounters {
     pub reserved: BTreeMap<i32, Vec<(u64, u64)>>,
 }
 
-impl PoolCounters {
-    pub fn observe(&mut self, s: &Step) {
+impl Observer for PoolCounters {
+    fn step(&mut self, s: &Step) {
         if !matches!(s.kind, StepKind::Alloc | StepKind::Free)
             || !matches!(s.key.kind, MemKind::Block | MemKind::Device | MemKind::VmmMapped)
         {
@@ -54,7 +54,7 @@ pub fn render(trace: &Trace, device: Option<i32>, pools: &PoolCounters) -> Value
         "name": "process_name", "ph": "M", "pid": pid, "tid": 0,
         "args": { "name": format!("{exe} (pid {pid})") }
     })];
-    for (key, series) in &trace.ext.series {
+    for (key, series) in &trace.series {
         if device.is_some_and(|d| d != key.device) || (key.kind == MemKind::Block && pools.allocated.contains_key(&key.device)) {
             continue;
         }
@@ -90,7 +90,7 @@ pub fn render(trace: &Trace, device: Option<i32>, pools: &PoolCounters) -> Value
             }
         }));
     }
-    for p in &trace.ext.spans {
+    for p in &trace.spans {
         ev.push(json!({
             "name": p.name, "ph": "X", "ts": us(p.start_ns), "dur": us(p.end_ns - p.start_ns),
             "pid": pid, "tid": p.tid, "cat": if p.mark { "mark" } else { "phase" }

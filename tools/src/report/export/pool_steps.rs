@@ -1,14 +1,14 @@
-//! The caching allocator's two levels replayed from the loader's steps, for exporters that need
-//! every change rather than the model's end state: the same [`Pools`] the model keeps (so the
-//! figures agree with the summary to the byte), plus which driver range became, or stopped
-//! being, a segment at each step.
+//! The caching allocator's two levels followed step by step, for exporters that need every
+//! change rather than the model's end state: the same [`Pools`] the model keeps, applied to the
+//! same steps (so the figures agree with the summary to the byte), plus which driver range
+//! became, or stopped being, a segment at each step.
 
 use std::collections::BTreeMap;
 
-use gpumemtrace_format::{Event, MemKind};
+use gpumemtrace_format::MemKind;
 
 use crate::model::{Step, StepKind};
-use crate::pool::Pools;
+use crate::model::pool::Pools;
 
 /// A live driver range blocks can lie in: a device allocation or a VMM mapping.
 #[derive(Clone, Copy, Debug)]
@@ -43,10 +43,9 @@ pub struct StepPools {
 impl StepPools {
     pub fn apply(&mut self, s: &Step) -> Change {
         let mut change = Change::default();
-        let event = Event { addr: s.addr, size: s.size, time_ns: s.time_ns, device: s.key.device, ..Event::default() };
         match (s.kind, s.key.kind) {
             (StepKind::Alloc, MemKind::Device | MemKind::VmmMapped) => {
-                self.pools.range_added(s.addr, s.size, s.key.device);
+                self.pools.apply(s);
                 if s.size > 0 {
                     let r = Range {
                         addr: s.addr,
@@ -61,7 +60,7 @@ impl StepPools {
             }
             (StepKind::Free, MemKind::Device | MemKind::VmmMapped) => {
                 let was_segment = self.pools.is_segment(s.addr);
-                self.pools.range_removed(s.addr, s.size);
+                self.pools.apply(s);
                 let r = self.ranges.remove(&s.addr);
                 change.released = r.filter(|_| was_segment);
             }
@@ -77,12 +76,13 @@ impl StepPools {
                     .map(|(&a, _)| a)
                     .filter(|&a| !self.pools.is_segment(a))
                     .collect();
-                change.outside = !self.pools.block_allocated(&event);
+                change.outside = !self.pools.apply(s);
                 change.claimed =
                     candidates.into_iter().rev().filter(|&a| self.pools.is_segment(a)).map(|a| self.ranges[&a]).collect();
             }
-            (StepKind::Free, MemKind::Block) => self.pools.block_freed(&event, s.key.device, s.size),
-            _ => {}
+            _ => {
+                self.pools.apply(s);
+            }
         }
         change
     }

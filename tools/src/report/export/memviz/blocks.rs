@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpumemtrace_format::MemKind;
 
-use super::{Block, Entry, Segment, Traces};
+use super::snapshot::{Block, Entry, Segment, Traces};
 use crate::model::{Step, StepKind};
 use crate::report::export::pool_steps::{Range, StepPools};
 
@@ -187,7 +187,8 @@ fn segment(r: &Range, expandable: bool) -> Segment {
 mod tests {
     use gpumemtrace_format::{Api, Op, Record};
 
-    use super::super::{Collector, Snapshot};
+    use super::super::collect::Collector;
+    use super::super::snapshot::Snapshot;
     use crate::model::tests::*;
     use crate::model::Trace;
     use crate::symbolize::Symbolizer;
@@ -205,7 +206,7 @@ mod tests {
 
     fn snapshot(b: &TraceBuilder) -> Snapshot {
         let mut c = Collector::new(None);
-        let t = Trace::load_with(|| Ok(&b.bytes[..]), &Default::default(), &mut |s| c.observe(s)).unwrap();
+        let t = Trace::load_with(|| Ok(&b.bytes[..]), &Default::default(), &mut c).unwrap();
         let mut sym = Symbolizer::new();
         c.finish(&t, &mut sym.for_trace(&t.modules))
     }

@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 
 use gpumemtrace_format::MemKind;
 
-use super::{Block, Entry, Segment, Traces};
+use super::snapshot::{Block, Entry, Segment, Traces};
 use crate::model::{GroupKey, Step, StepKind};
 
 /// GPU memory only; pinned host memory, reservations and mappings are not in memory_viz's

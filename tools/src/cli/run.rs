@@ -7,7 +7,8 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::report::summary::{self, trace_files, Options};
+use crate::read::input::trace_files;
+use crate::report::summary::{self, Options};
 
 /// Name of the preload library, looked for next to this executable.
 const LIB_NAME: &str = "libgpumemtrace.so";

@@ -10,7 +10,9 @@
 
 use std::collections::BTreeMap;
 
-use gpumemtrace_format::Event;
+use gpumemtrace_format::{Event, MemKind};
+
+use crate::read::replay::{Observer, Step, StepKind};
 
 /// A driver range blocks can lie in: a device allocation or a VMM mapping.
 #[derive(Clone, Copy, Debug)]
@@ -59,6 +61,18 @@ pub struct Pools {
 }
 
 impl Pools {
+    /// Follows one step of the replay; false for a block that lay in no known driver range.
+    pub fn apply(&mut self, s: &Step) -> bool {
+        match (s.kind, s.key.kind) {
+            (StepKind::Alloc, MemKind::Device | MemKind::VmmMapped) => self.range_added(s.addr, s.size, s.key.device),
+            (StepKind::Alloc, MemKind::Block) => return self.block_allocated(s.event),
+            (StepKind::Free, MemKind::Device | MemKind::VmmMapped) => self.range_removed(s.addr, s.size),
+            (StepKind::Free, MemKind::Block) => self.block_freed(s.event, s.key.device, s.size),
+            _ => {}
+        }
+        true
+    }
+
     /// A driver range came to life (a device allocation or a mapping).
     pub fn range_added(&mut self, addr: u64, size: u64, device: i32) {
         if size > 0 {
@@ -152,6 +166,12 @@ impl Pools {
         r.reserved = e.total_reserved;
         r.max_allocated = r.max_allocated.max(e.total_allocated);
         r.max_reserved = r.max_reserved.max(e.total_reserved);
+    }
+}
+
+impl Observer for Pools {
+    fn step(&mut self, s: &Step) {
+        self.apply(s);
     }
 }
 

@@ -6,7 +6,7 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::model::GroupKey;
+use crate::read::live::GroupKey;
 
 /// Windows kept at most; when time passes the last one, pairs are merged.
 pub const WINDOWS: usize = 32;

@@ -357,14 +357,14 @@ pub(crate) mod tests {
             f.function
                 .as_deref()
                 .unwrap()
-                .ends_with("symbolize::tests::probe_target"),
+                .ends_with("symbolize::native::tests::probe_target"),
             "{f:?}"
         );
         assert!(
             f.file
                 .as_deref()
                 .unwrap()
-                .ends_with("tools/src/symbolize.rs"),
+                .ends_with("tools/src/symbolize/native.rs"),
             "{f:?}"
         );
         assert!(f.line.is_some());
@@ -374,7 +374,7 @@ pub(crate) mod tests {
         );
         assert!(
             f.describe()
-                .starts_with("gpumemtrace::symbolize::tests::probe_target symbolize.rs:"),
+                .starts_with("gpumemtrace::symbolize::native::tests::probe_target native.rs:"),
             "{}",
             f.describe()
         );

@@ -1,7 +1,7 @@
 //! The call site of a stack: the innermost frame that is the program's own code, not the
 //! CUDA libraries' or the tracer's.
 
-use crate::symbolize::Frame;
+use super::native::Frame;
 
 /// Modules whose frames are never the call site: CUDA, the tracer, and PyTorch's allocator
 /// core (`libc10.so`, `libc10_cuda.so`: the caching allocator itself).

@@ -3,7 +3,7 @@
 
 use gpumemtrace_format::{line_table_format, PyCode, PyFrame};
 
-use crate::symbolize::Frame;
+use super::native::Frame;
 
 /// The line of the instruction at byte offset `offset` of `code`; `None` when the table says
 /// the instruction has no line, or there is no table.
@@ -190,7 +190,7 @@ mod tests {
     /// every instruction offset as the interpreter itself reports it (`dump_linetables.py`).
     #[test]
     fn line_tables_match_cpython() {
-        let data: Value = serde_json::from_str(include_str!("../testdata/linetables.json")).unwrap();
+        let data: Value = serde_json::from_str(include_str!("../../testdata/linetables.json")).unwrap();
         let mut checked = 0;
         for (version, codes) in data.as_object().unwrap() {
             for c in codes.as_array().unwrap() {

@@ -1,0 +1,179 @@
+//! Encoding records (the preload library's side).
+
+use crate::header::tag;
+use crate::records::*;
+
+/// Event timestamps are stored as signed deltas from the previous event, so the encoder keeps
+/// that one piece of state.
+#[derive(Default)]
+pub struct Encoder {
+    prev: Prev,
+    payload: Vec<u8>,
+}
+
+/// The previous event's fields that the next one is stored relative to.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Prev {
+    pub(crate) time_ns: u64,
+    pub(crate) tid: u32,
+    pub(crate) addr: u64,
+}
+
+impl Encoder {
+    pub fn new() -> Encoder {
+        Encoder::default()
+    }
+
+    /// Appends `rec` to `out`.
+    pub fn encode(&mut self, rec: &Record, out: &mut Vec<u8>) {
+        let rec: &Record = &crate::fitted(rec);
+        let p = &mut self.payload;
+        p.clear();
+        let t = match rec {
+            Record::Process(r) => {
+                put_uv(p, r.pid as u64);
+                put_uv(p, r.ppid as u64);
+                put_uv(p, r.start_monotonic_ns);
+                put_uv(p, r.start_realtime_ns);
+                put_str(p, &r.exe);
+                put_uv(p, r.args.len() as u64);
+                for a in &r.args {
+                    put_str(p, a);
+                }
+                put_uv(p, r.max_frames as u64);
+                put_uv(p, r.rank.map_or(0, |v| v as u64 + 1));
+                put_uv(p, r.local_rank.map_or(0, |v| v as u64 + 1));
+                tag::PROCESS
+            }
+            Record::Api(r) => {
+                put_uv(p, r.id as u64);
+                put_str(p, &r.name);
+                p.push(r.kind as u8);
+                p.push(r.op as u8);
+                tag::API
+            }
+            Record::Module(r) => {
+                put_uv(p, r.id as u64);
+                put_uv(p, r.bias);
+                put_uv(p, r.start);
+                put_uv(p, r.end);
+                put_str(p, &r.path);
+                put_bytes(p, &r.build_id);
+                tag::MODULE
+            }
+            Record::Stack(r) => {
+                put_uv(p, r.id as u64);
+                put_uv(p, r.frames.len() as u64);
+                let mut prev = 0u64;
+                for &f in &r.frames {
+                    put_sv(p, f.wrapping_sub(prev) as i64);
+                    prev = f;
+                }
+                tag::STACK
+            }
+            Record::Event(e) => {
+                // Deltas: times grow slowly, one thread calls many times in a row, and a free
+                // usually follows its allocation closely (often at the same address).
+                put_uv(p, e.api as u64);
+                put_sv(p, e.time_ns.wrapping_sub(self.prev.time_ns) as i64);
+                put_sv(p, (e.tid as i64).wrapping_sub(self.prev.tid as i64));
+                put_uv(p, e.stack as u64);
+                put_uv(p, e.result as u64);
+                put_sv(p, e.device as i64);
+                put_sv(p, e.addr.wrapping_sub(self.prev.addr) as i64);
+                self.prev = Prev { time_ns: e.time_ns, tid: e.tid, addr: e.addr };
+                put_uv(p, e.size);
+                put_uv(p, e.stream);
+                put_uv(p, e.extra);
+                put_uv(p, e.pystack as u64);
+                // Fields added in version 3, written only when one is set: absent reads as 0.
+                let base = p.len();
+                put_uv(p, e.flags as u64);
+                put_uv(p, e.total_allocated);
+                put_uv(p, e.total_reserved);
+                while p.len() > base && p.last() == Some(&0) {
+                    p.pop();
+                }
+                tag::EVENT
+            }
+            Record::Notice(s) => {
+                put_str(p, s);
+                tag::NOTICE
+            }
+            Record::Stats(s) => {
+                put_uv(p, s.events);
+                put_uv(p, s.dropped);
+                p.push(s.final_ as u8);
+                tag::STATS
+            }
+            Record::PyCode(c) => {
+                put_uv(p, c.id as u64);
+                put_str(p, &c.name);
+                put_str(p, &c.qualname);
+                put_str(p, &c.filename);
+                put_uv(p, c.firstlineno as u64);
+                p.push(c.linetable_format);
+                put_bytes(p, &c.linetable);
+                tag::PY_CODE
+            }
+            Record::PyStack(s) => {
+                put_uv(p, s.id as u64);
+                put_uv(p, s.frames.len() as u64);
+                for f in &s.frames {
+                    put_uv(p, f.code as u64);
+                    put_uv(p, f.instr_offset as u64);
+                    p.push(f.flags);
+                }
+                tag::PY_STACK
+            }
+            Record::Phase(ph) => {
+                put_uv(p, ph.time_ns);
+                put_uv(p, ph.tid as u64);
+                p.push(ph.op as u8);
+                put_str(p, &ph.name);
+                tag::PHASE
+            }
+            Record::Thread(t) => {
+                put_uv(p, t.tid as u64);
+                put_str(p, &t.name);
+                p.push(t.python as u8);
+                tag::THREAD
+            }
+            Record::Unknown(t) => *t,
+        };
+        if p.len() as u64 > crate::MAX_RECORD_LEN {
+            // Cannot happen after `fitted`; should it, a notice stands in for the record rather
+            // than a length every reader rejects (which would end the trace there).
+            p.clear();
+            put_str(p, &format!("a record (tag {t:#04x}) over the format's bound was left out"));
+            out.push(crate::tag::NOTICE);
+        } else {
+            out.push(t);
+        }
+        put_uv(out, p.len() as u64);
+        out.extend_from_slice(p);
+    }
+}
+
+pub(crate) fn put_uv(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_sv(out: &mut Vec<u8>, v: i64) {
+    put_uv(out, ((v << 1) ^ (v >> 63)) as u64);
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_uv(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    put_bytes(out, s.as_bytes());
+}
+
+// ---------------------------------------------------------------------------------------------

@@ -1,0 +1,261 @@
+//! The one dispatch from arguments to reports: each command loads its trace(s) once through
+//! the model and writes one output.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use super::args::{Cmd, ExportFormat, Select};
+use super::run;
+use crate::error::{json_error, Error, Result};
+use crate::read::input::{self, one_trace, only_trace, traces_of};
+use crate::model::{Filter, Observer, Outcome, Trace};
+use crate::report::{check, diff, dump, export, flamegraph, phases, summary, timeline};
+use crate::symbolize::Symbolizer;
+
+/// Runs the command; returns the exit status (0: success, 1: a trace failed its budget or could
+/// not be read, `run`: the command's own).
+pub fn run(cmd: Cmd) -> Result<u8> {
+    match cmd {
+        Cmd::Summary { report, traces } => {
+            let opts = report.into();
+            let paths = input::expand(&traces)?;
+            let mut out = io::stdout().lock();
+            let all_read = summary::run(&paths, &opts, &mut out)?;
+            out.flush()?;
+            Ok(if all_read { 0 } else { 1 })
+        }
+        Cmd::Dump { trace } => {
+            let mut out = io::stdout().lock();
+            let complete = dump::run(&trace, &mut out)?;
+            out.flush()?;
+            Ok(if complete { 0 } else { 1 })
+        }
+        Cmd::Run { output, report, command } => {
+            let opts: summary::Options = report.into();
+            let lib = run::find_lib().map_err(|e| Error::new(e).status(2))?;
+            let l = run::Launch { lib, output: output.unwrap_or_else(|| PathBuf::from(".")), command };
+            // JSON is for a pipe (`run --json -- cmd | jq`), after the command's own output;
+            // text goes to stderr, beside it.
+            let code = if opts.json {
+                run::launch(&l, &opts, &mut io::stdout().lock())
+            } else {
+                run::launch(&l, &opts, &mut io::stderr().lock())
+            };
+            code.map_err(|e| Error::new(e).status(2))
+        }
+        Cmd::Timeline { sel, output } => timeline_cmd(&sel, output.as_deref()).map(|_| 0),
+        Cmd::Flamegraph { sel, of, level, folded, output } => {
+            flamegraph_cmd(&sel, of, level, folded, output.as_deref()).map(|_| 0)
+        }
+        Cmd::Export { sel, format, of, level, output } => export_cmd(&sel, format, (of, level), output.as_deref()).map(|_| 0),
+        Cmd::Phases { sel, json } => phases_cmd(&sel, json).map(|_| 0),
+        Cmd::Check { traces, max_peak, max_leaked, max_failed, max_allocated, max_reserved, device, phase, pid, json } => {
+            let b = check::Budgets { max_peak, max_leaked, max_failed, max_allocated, max_reserved, device };
+            check_cmd(&traces, &b, phase, pid, json)
+        }
+        Cmd::Diff { a, b, json, top, device, phase } => diff_cmd(&a, &b, json, top, device, phase).map(|_| 0),
+    }
+}
+
+fn filter(device: Option<i32>, phase: Option<String>) -> Filter {
+    Filter { device, phase }
+}
+
+fn load(path: &Path, f: &Filter, observe: &mut dyn Observer) -> Result<Trace> {
+    let t = crate::model::load(path, f, observe)?;
+    let p = input::display(path);
+    warn_outcome(path, &t.outcome);
+    if let Some(ph) = &f.phase {
+        if !t.has_phase(ph) {
+            eprintln!("warning: {p}: no phase named {ph:?} in this trace");
+        }
+    }
+    if let Some(d) = f.device {
+        if !t.alloc_devices.contains(&d) {
+            eprintln!("warning: {p}: no allocation {} in this trace", on(d));
+        }
+    }
+    Ok(t)
+}
+
+/// `on device 0`, `of host memory (device -1)`.
+fn on(device: i32) -> String {
+    if device < 0 {
+        format!("of host memory (device {device})")
+    } else {
+        format!("on device {device}")
+    }
+}
+
+fn warn_outcome(path: &Path, outcome: &Outcome) {
+    let p = input::display(path);
+    match outcome {
+        Outcome::Complete => {}
+        Outcome::Truncated { offset } => {
+            eprintln!("warning: {p}: the trace is truncated at byte {offset}; showing the events before it")
+        }
+        Outcome::Corrupt { offset, message } => {
+            eprintln!("warning: {p}: the trace is corrupt at byte {offset} ({message}); showing the events before it")
+        }
+    }
+}
+
+/// Writes to the file, or stdout when none.
+fn output(path: Option<&Path>, write: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> Result<()> {
+    match path {
+        Some(p) => {
+            let mut f = BufWriter::new(File::create(p).map_err(|e| format!("{}: {e}", p.display()))?);
+            write(&mut f).and_then(|_| f.flush()).map_err(|e| Error::new(format!("{}: {e}", p.display())))
+        }
+        None => {
+            let mut out = io::stdout().lock();
+            Ok(write(&mut out).and_then(|_| out.flush())?)
+        }
+    }
+}
+
+fn timeline_cmd(sel: &Select, out: Option<&Path>) -> Result<()> {
+    let path = one_trace(&sel.trace, sel.pid)?;
+    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut ())?;
+    let html = out.is_some_and(|p| p.extension().is_some_and(|e| e == "html" || e == "htm"));
+    let page = timeline::render(&t, sel.device, html);
+    output(out, |w| w.write_all(page.as_bytes()))
+}
+
+fn flamegraph_cmd(sel: &Select, of: flamegraph::Of, level: flamegraph::Level, folded: bool, out: Option<&Path>) -> Result<()> {
+    let path = one_trace(&sel.trace, sel.pid)?;
+    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut ())?;
+    let mut sym = Symbolizer::new();
+    let mut sym = sym.for_trace(&t.modules);
+    let stacks = flamegraph::weighted(&t, &mut sym, of, sel.device, level);
+    let lines = flamegraph::folded(&stacks);
+    if folded {
+        return output(out, |w| lines.iter().try_for_each(|l| writeln!(w, "{l}")));
+    }
+    let exe = t.process.as_ref().map_or("?".into(), |p| p.exe.rsplit('/').next().unwrap_or("?").to_string());
+    let what = match of {
+        flamegraph::Of::Peak => "live at the peak",
+        flamegraph::Of::Leaks => "leaked (live at the end)",
+        flamegraph::Of::Allocated => "allocated",
+    };
+    let memory = if !t.pools.is_empty() && level == flamegraph::Level::Blocks {
+        "Tensors (blocks of the caching allocator)"
+    } else {
+        "GPU memory"
+    };
+    let (title, subtitle) = flamegraph::titles(&stacks, memory, what, &exe, sel.phase.as_deref());
+    output(out, |w| flamegraph::svg(&lines, &title, &subtitle, w))
+}
+
+fn export_cmd(
+    sel: &Select,
+    format: ExportFormat,
+    (of, level): (flamegraph::Of, flamegraph::Level),
+    out: Option<&Path>,
+) -> Result<()> {
+    let path = one_trace(&sel.trace, sel.pid)?;
+    let f = filter(sel.device, sel.phase.clone());
+    match format {
+        ExportFormat::Memviz => {
+            let mut c = export::memviz::Collector::new(sel.device);
+            let t = load(&path, &f, &mut c)?;
+            let mut sym = Symbolizer::new();
+            let mut sym = sym.for_trace(&t.modules);
+            let snap = c.finish(&t, &mut sym);
+            let mut buf = Vec::new();
+            export::memviz::write(&snap, &mut buf)?;
+            output(out, |w| w.write_all(&buf))
+        }
+        ExportFormat::Perfetto => {
+            let mut pools = export::perfetto::PoolCounters::default();
+            let t = load(&path, &f, &mut pools)?;
+            let v = export::perfetto::render(&t, sel.device, &pools);
+            output(out, |w| serde_json::to_writer(&mut *w, &v).map_err(json_error))
+        }
+        ExportFormat::Speedscope => {
+            let t = load(&path, &f, &mut ())?;
+            let mut sym = Symbolizer::new();
+            let mut sym = sym.for_trace(&t.modules);
+            let stacks = flamegraph::weighted(&t, &mut sym, of, sel.device, level);
+            let name = format!("gpumemtrace {}", path.file_name().unwrap_or_default().to_string_lossy());
+            let v = export::speedscope::render(&stacks, of, &name);
+            output(out, |w| serde_json::to_writer(&mut *w, &v).map_err(json_error))
+        }
+    }
+}
+
+fn phases_cmd(sel: &Select, json: bool) -> Result<()> {
+    let path = one_trace(&sel.trace, sel.pid)?;
+    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut ())?;
+    output(None, |w| phases::render(&t, json, w))
+}
+
+fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: Option<u32>, json: bool) -> Result<u8> {
+    if !b.any() {
+        let e = "no budget given (--max-peak, --max-leaked, --max-failed, --max-allocated, --max-reserved)";
+        return Err(Error::new(e).of("check").status(2));
+    }
+    let files = traces_of(paths, pid).map_err(|e| Error::new(e).status(2))?;
+    let f = filter(b.device, phase.clone());
+    let mut traces = Vec::new();
+    for p in &files {
+        let t = crate::model::load(p, &f, &mut ()).map_err(|e| Error::new(e).of("check").status(2))?;
+        warn_outcome(p, &t.outcome);
+        traces.push((p, t));
+    }
+    // Budgets that cannot be judged first (their reason is the more specific one).
+    let mut results = Vec::new();
+    for (p, t) in &traces {
+        let p = input::display(p);
+        let r = check::check(&p, t, b).map_err(|e| Error::new(format!("{p}: {e}")).of("check").status(2))?;
+        results.push(r);
+    }
+    // A filter that matches nothing would pass every budget and gate nothing.
+    let place = if traces.len() == 1 { "the trace".to_string() } else { format!("any of the {} traces", traces.len()) };
+    if let Some(ph) = &phase {
+        if !traces.iter().any(|(_, t)| t.has_phase(ph)) {
+            let mut names: Vec<&str> = traces.iter().flat_map(|(_, t)| t.phase_names.iter().map(String::as_str)).collect();
+            names.sort_unstable();
+            names.dedup();
+            let known = if names.is_empty() {
+                "it has no phases".to_string()
+            } else {
+                let mut v: Vec<String> = names.iter().take(12).map(|n| format!("{n:?}")).collect();
+                if names.len() > 12 {
+                    v.push(format!("and {} more", names.len() - 12));
+                }
+                format!("phases: {}", v.join(", "))
+            };
+            let e = format!("--phase {ph:?} matches nothing: no phase of that name in {place} ({known})");
+            return Err(Error::new(e).of("check").status(2));
+        }
+    }
+    if let Some(d) = b.device {
+        if !traces.iter().any(|(_, t)| t.alloc_devices.contains(&d)) {
+            let mut devs: Vec<i32> = traces.iter().flat_map(|(_, t)| t.alloc_devices.iter().copied()).collect();
+            devs.sort_unstable_by_key(|&d| (d < 0, d));
+            devs.dedup();
+            let known = if devs.is_empty() {
+                "it has no allocations".to_string()
+            } else {
+                format!("allocations: {}", devs.iter().map(|&d| crate::units::place(d)).collect::<Vec<_>>().join(", "))
+            };
+            let e = format!("--device {d} matches nothing: no allocation {} in {place} ({known})", on(d));
+            return Err(Error::new(e).of("check").status(2));
+        }
+    }
+    let mut out = io::stdout().lock();
+    let _ = check::render(&results, json, &mut out).and_then(|_| out.flush());
+    Ok(if results.iter().all(|r| r.ok) { 0 } else { 1 })
+}
+
+fn diff_cmd(a: &Path, b: &Path, json: bool, top: Option<usize>, device: Option<i32>, phase: Option<String>) -> Result<()> {
+    let f = filter(device, phase);
+    let pa = only_trace(a)?;
+    let pb = only_trace(b)?;
+    let ta = load(&pa, &f, &mut ())?;
+    let tb = load(&pb, &f, &mut ())?;
+    let mut d = diff::diff(&input::display(&pa), &ta, &input::display(&pb), &tb, device);
+    output(None, |w| diff::render(&mut d, top, json, w))
+}

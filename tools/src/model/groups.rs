@@ -1,0 +1,102 @@
+//! The model's statistics per device and memory kind, as an observer of the replay: how much was
+//! allocated and freed, peaks (and at which event, for the snapshot of the second pass),
+//! failures with what was live when they failed, bad frees. It keeps the caching allocator's
+//! pools (see `pool`) and the growth of stacks (see `growth`) with them, as a failure records
+//! the pool of its device.
+
+use std::collections::BTreeMap;
+
+use super::growth::Growth;
+use super::pool::Pools;
+use super::trace::{BadFree, DeviceTotal, Failure, Group};
+use crate::read::live::GroupKey;
+use crate::read::replay::{Observer, Step, StepKind};
+
+/// More bad frees than this are only counted: a trace that starts late in a process can
+/// have one per event, and memory must not grow with the event count.
+pub const MAX_BAD_FREES: usize = 100_000;
+
+#[derive(Default)]
+pub struct Groups {
+    pub groups: BTreeMap<GroupKey, Group>,
+    pub devices: BTreeMap<i32, DeviceTotal>,
+    pub failures: Vec<Failure>,
+    pub bad_frees: Vec<BadFree>,
+    pub bad_frees_omitted: u64,
+    /// Segments and blocks (see `pool`).
+    pub pools: Pools,
+    /// Live bytes per stack over time.
+    pub growth: Growth,
+}
+
+impl Groups {
+    pub fn group(&mut self, key: GroupKey) -> &mut Group {
+        self.groups.entry(key).or_default()
+    }
+
+    fn bad_free(&mut self, s: &Step) {
+        if self.bad_frees.len() >= MAX_BAD_FREES {
+            self.bad_frees_omitted += 1;
+            return;
+        }
+        let e = s.event;
+        self.bad_frees.push(BadFree {
+            api: s.api.to_owned(),
+            device: e.device,
+            addr: e.addr,
+            result: e.result,
+            time_ns: e.time_ns,
+            stack: e.stack,
+        });
+    }
+}
+
+impl Observer for Groups {
+    fn step(&mut self, s: &Step) {
+        self.pools.apply(s);
+        let key = s.key;
+        match s.kind {
+            StepKind::Alloc => {
+                let g = self.group(key);
+                g.allocations += 1;
+                g.allocated_bytes += s.size;
+                if s.group_live > g.peak_bytes {
+                    g.peak_bytes = s.group_live;
+                    g.peak_time_ns = s.time_ns;
+                    g.peak_event = Some(s.ordinal);
+                }
+                if key.kind.occupies_gpu() {
+                    let d = self.devices.entry(key.device).or_default();
+                    if s.device_live > d.peak_bytes {
+                        d.peak_bytes = s.device_live;
+                        d.peak_time_ns = s.time_ns;
+                    }
+                }
+                self.growth.change(key, s.alloc_stack, s.time_ns, true, s.size);
+            }
+            StepKind::FailedAlloc => {
+                self.group(key).failed += 1;
+                let e = s.event;
+                let pool = self.pools.by_device.get(&e.device).cloned();
+                self.failures.push(Failure {
+                    pool,
+                    ordinal: s.ordinal,
+                    api: s.api.to_owned(),
+                    device: e.device,
+                    kind: key.kind,
+                    size: e.size,
+                    result: e.result,
+                    time_ns: e.time_ns,
+                    stack: e.stack,
+                    live_bytes_on_device: s.device_live,
+                });
+            }
+            StepKind::Free => {
+                self.group(key).frees += 1;
+                self.growth.change(key, s.alloc_stack, s.time_ns, false, s.size);
+            }
+            StepKind::BadFree => self.bad_free(s),
+            StepKind::Ignored => {}
+        }
+    }
+}

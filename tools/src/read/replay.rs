@@ -1,0 +1,274 @@
+//! The one replay of a trace's events: which counted (the filter), what each did to the live
+//! set, and each group's and device's live bytes. Everything else that follows the events (the
+//! model's statistics, the time series, the exporters' collectors, the merged ranks) is an
+//! [`Observer`] shown each admitted event as a [`Step`], in trace order.
+
+use std::collections::BTreeMap;
+
+use gpumemtrace_format::{Api, Event, MemKind, Op, Phase, Record};
+use rustc_hash::FxHashMap;
+
+use super::filter::{Admission, Filter};
+use super::live::{GroupKey, Live, LiveSet};
+use super::phases::Phases;
+
+/// What a replayed event did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepKind {
+    Alloc,
+    Free,
+    FailedAlloc,
+    /// A free of a pointer that was not live, or a free that failed.
+    BadFree,
+    /// `cudaFree(NULL)` and the like.
+    Ignored,
+}
+
+/// One admitted event, as observers see it.
+#[derive(Clone, Debug)]
+#[allow(dead_code)] // the fields exporters may use
+pub struct Step<'a> {
+    pub kind: StepKind,
+    /// The event itself.
+    pub event: &'a Event,
+    pub time_ns: u64,
+    /// The group of the memory: for a free, that of the allocation it frees.
+    pub key: GroupKey,
+    pub addr: u64,
+    /// Bytes allocated, requested (failures) or released (frees).
+    pub size: u64,
+    /// The event's own stack.
+    pub stack: u32,
+    /// The stack that allocated the memory (frees: the allocation's).
+    pub alloc_stack: u32,
+    pub stream: u64,
+    pub tid: u32,
+    pub result: u32,
+    pub api: &'a str,
+    /// The event's phase (innermost open range of its thread, else the process mark), by id
+    /// (see [`Phases::name`]), and by name.
+    pub phase_id: Option<u32>,
+    pub phase: Option<&'a str>,
+    /// Live bytes of `key`'s group after the event.
+    pub group_live: u64,
+    /// GPU memory (kinds that occupy it) live on `key.device` after the event.
+    pub device_live: u64,
+    /// Which event it was (1-based, counting those the filter left out).
+    pub ordinal: u64,
+}
+
+/// Follows a replay.
+pub trait Observer {
+    fn step(&mut self, s: &Step);
+}
+
+impl<F: FnMut(&Step)> Observer for F {
+    fn step(&mut self, s: &Step) {
+        self(s)
+    }
+}
+
+/// No observer.
+impl Observer for () {
+    fn step(&mut self, _: &Step) {}
+}
+
+/// Several observers, each shown every step in turn.
+pub struct All<'a, 'b>(pub &'a mut [&'b mut dyn Observer]);
+
+impl Observer for All<'_, '_> {
+    fn step(&mut self, s: &Step) {
+        for o in self.0.iter_mut() {
+            o.step(s);
+        }
+    }
+}
+
+/// The replay state machine. Both passes of the model, and every merged trace, use it.
+pub struct Replay {
+    apis: FxHashMap<u32, Api>,
+    live: LiveSet,
+    /// Live bytes and count per group (every group an allocation or failure was seen in).
+    groups: BTreeMap<GroupKey, (u64, u64)>,
+    /// Live GPU memory per device that had an allocation of it.
+    devices: BTreeMap<i32, u64>,
+    phases: Phases,
+    admission: Admission,
+    /// Events applied so far (admitted or not).
+    ordinal: u64,
+    /// Time of the last event applied.
+    last_ns: u64,
+    /// Time of the last event or phase record.
+    end_ns: u64,
+}
+
+impl Replay {
+    /// A replay counting the events `filter` admits; `keep_spans`: keep the phase spans.
+    pub fn new(filter: &Filter, keep_spans: bool) -> Replay {
+        Replay {
+            apis: FxHashMap::default(),
+            live: LiveSet::default(),
+            groups: BTreeMap::new(),
+            devices: BTreeMap::new(),
+            phases: Phases::new(keep_spans),
+            admission: Admission::new(filter.clone()),
+            ordinal: 0,
+            last_ns: 0,
+            end_ns: 0,
+        }
+    }
+
+    /// Applies the records a replay needs (Api, Phase, Event); ignores the others. Returns
+    /// false for an event of an API it has no record of (it cannot be replayed).
+    pub fn feed(&mut self, rec: &Record, obs: &mut dyn Observer) -> bool {
+        match rec {
+            Record::Api(a) => self.api(a.clone()),
+            Record::Phase(p) => self.phase(p),
+            Record::Event(e) => return self.apply(e, obs),
+            _ => {}
+        }
+        true
+    }
+
+    pub fn api(&mut self, a: Api) {
+        self.apis.insert(a.id, a);
+    }
+
+    /// The API record of id `id`.
+    pub fn api_of(&self, id: u32) -> Option<&Api> {
+        self.apis.get(&id)
+    }
+
+    pub fn phase(&mut self, p: &Phase) {
+        self.end_ns = self.end_ns.max(p.time_ns);
+        self.phases.apply(p);
+    }
+
+    /// Applies one event and shows its step to `obs` unless the filter left it out. Returns
+    /// false when the event's API is unknown (nothing is applied then).
+    pub fn apply(&mut self, e: &Event, obs: &mut dyn Observer) -> bool {
+        let Some(api) = self.apis.get(&e.api) else { return false };
+        self.ordinal += 1;
+        self.last_ns = self.last_ns.max(e.time_ns);
+        self.end_ns = self.end_ns.max(e.time_ns);
+        let ns = api.kind.namespace();
+        if !self.admission.admit(api, e, ns, &self.phases) {
+            return true;
+        }
+        let (kind, key, size, alloc_stack) = self.apply_admitted(e, ns);
+        let api = &self.apis[&e.api];
+        let phase_id = self.phases.current(e.tid);
+        let step = Step {
+            kind,
+            event: e,
+            time_ns: e.time_ns,
+            key,
+            addr: e.addr,
+            size,
+            stack: e.stack,
+            alloc_stack,
+            stream: e.stream,
+            tid: e.tid,
+            result: e.result,
+            api: &api.name,
+            phase_id,
+            phase: phase_id.map(|i| self.phases.name(i)),
+            group_live: self.groups.get(&key).map_or(0, |g| g.0),
+            device_live: self.devices.get(&key.device).copied().unwrap_or(0),
+            ordinal: self.ordinal,
+        };
+        obs.step(&step);
+        true
+    }
+
+    fn apply_admitted(&mut self, e: &Event, ns: u8) -> (StepKind, GroupKey, u64, u32) {
+        let api = &self.apis[&e.api];
+        let (op, kind) = (api.op, api.kind);
+        let fallback = GroupKey { device: e.device, kind };
+        match (op, e.result == 0) {
+            (Op::Alloc, true) => {
+                // A mapping belongs to the device of the physical memory it maps, whatever
+                // device was current when cuMemMap was called.
+                let device = match kind {
+                    MemKind::VmmMapped => {
+                        self.live.get(MemKind::VmmPhysical.namespace(), e.extra).map_or(e.device, |l| l.key.device)
+                    }
+                    _ => e.device,
+                };
+                let key = GroupKey { device, kind };
+                self.live.insert(ns, e.addr, Live { key, size: e.size, stack: e.stack, time_ns: e.time_ns });
+                let g = self.groups.entry(key).or_default();
+                g.0 += e.size;
+                g.1 += 1;
+                if kind.occupies_gpu() {
+                    *self.devices.entry(e.device).or_default() += e.size;
+                }
+                (StepKind::Alloc, key, e.size, e.stack)
+            }
+            (Op::Alloc, false) => {
+                self.groups.entry(fallback).or_default();
+                (StepKind::FailedAlloc, fallback, e.size, e.stack)
+            }
+            // cudaFree(NULL) is a documented no-op, commonly used to create the context.
+            (Op::Free, true) if e.addr == 0 => (StepKind::Ignored, fallback, 0, 0),
+            (Op::Free, true) => match self.live.take_freed(ns, e) {
+                // The freed entry says what was freed: cudaFree also frees managed memory.
+                Some(old) => {
+                    let g = self.groups.entry(old.key).or_default();
+                    g.0 -= old.size;
+                    g.1 -= 1;
+                    if old.key.kind.occupies_gpu() {
+                        if let Some(d) = self.devices.get_mut(&old.key.device) {
+                            *d -= old.size;
+                        }
+                    }
+                    (StepKind::Free, old.key, old.size, old.stack)
+                }
+                None => (StepKind::BadFree, fallback, 0, 0),
+            },
+            (Op::Free, false) => (StepKind::BadFree, fallback, 0, 0),
+        }
+    }
+
+    /// Events applied so far (admitted or not).
+    pub fn ordinal(&self) -> u64 {
+        self.ordinal
+    }
+
+    /// Time of the last event applied.
+    pub fn last_ns(&self) -> u64 {
+        self.last_ns
+    }
+
+    /// Time of the last event or phase record.
+    pub fn end_ns(&self) -> u64 {
+        self.end_ns
+    }
+
+    pub fn live(&self) -> &LiveSet {
+        &self.live
+    }
+
+    /// Live bytes and count of every group seen, in key order.
+    pub fn groups(&self) -> &BTreeMap<GroupKey, (u64, u64)> {
+        &self.groups
+    }
+
+    /// Live GPU memory per device.
+    pub fn devices(&self) -> &BTreeMap<i32, u64> {
+        &self.devices
+    }
+
+    pub fn phases(&self) -> &Phases {
+        &self.phases
+    }
+
+    pub fn phases_mut(&mut self) -> &mut Phases {
+        &mut self.phases
+    }
+
+    /// The filter's own tallies: allocation calls it left out, devices of every allocation.
+    pub fn admission(&self) -> &Admission {
+        &self.admission
+    }
+}

@@ -1,0 +1,15 @@
+//! The `summary` report: per device and memory kind, what was allocated, the peak and who
+//! held it, what was still live at the end; then failed allocations and bad frees.
+//!
+//! `report` is the summary as data (the JSON schema), `build` makes it from the model, `render`
+//! writes it for the terminal, `run` summarizes several traces and the processes together.
+
+mod build;
+mod render;
+mod report;
+mod run;
+#[cfg(test)]
+mod tests;
+
+pub use report::Options;
+pub use run::run;

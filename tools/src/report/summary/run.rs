@@ -1,0 +1,89 @@
+//! `summary` over several traces: each summarized, then the processes together.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::read::input::{self, Input};
+use crate::model::Outcome;
+use crate::symbolize::Symbolizer;
+
+use super::build::build;
+use super::render::render;
+use super::report::*;
+
+// The JSON schema (a contract with the integration tests). Fields marked `skip` are only
+// for the terminal.
+
+#[derive(Serialize)]
+pub(super) struct Json<'a> {
+    pub(super) traces: &'a [TraceReport],
+    /// With several traces: the processes together (see `merged`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) merged: Option<crate::report::merged::Merged>,
+}
+
+/// Summarizes `paths` (trace files) to `out`. Unreadable files are reported on stderr and
+/// skipped; returns false when there was one.
+pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result<bool> {
+    let mut sym = Symbolizer::new();
+    let mut reports = Vec::new();
+    let mut all_read = true;
+    let filter = crate::model::Filter { device: None, phase: opts.phase.clone() };
+    // Each input is opened once: a pipe (`-`, /dev/stdin) is read into memory then, and both
+    // the per-trace replay and the merged one read it from there.
+    let mut inputs = Vec::new();
+    for path in paths {
+        match Input::open(path) {
+            Ok(input) => inputs.push(input),
+            Err(e) => {
+                eprintln!("gpumemtrace: {e}");
+                all_read = false;
+            }
+        }
+    }
+    for input in &inputs {
+        match crate::model::load_input(input, &filter, &mut ()) {
+            Ok(trace) => {
+                warn_outcome(input.path(), &trace.outcome);
+                reports.push(build(input.path(), &trace, &mut sym, opts));
+            }
+            Err(e) => {
+                eprintln!("gpumemtrace: {e}");
+                all_read = false;
+            }
+        }
+    }
+    let merged = (paths.len() > 1).then(|| crate::report::merged::merge(&inputs));
+    if opts.json {
+        serde_json::to_writer_pretty(&mut *out, &Json { traces: &reports, merged })?;
+        writeln!(out)?;
+    } else {
+        for (i, r) in reports.iter().enumerate() {
+            if i > 0 {
+                writeln!(out)?;
+            }
+            render(r, opts, out)?;
+        }
+        if let Some(m) = &merged {
+            writeln!(out)?;
+            crate::report::merged::render(m, out)?;
+        }
+    }
+    Ok(all_read)
+}
+
+fn warn_outcome(path: &Path, outcome: &Outcome) {
+    let p = input::display(path);
+    match outcome {
+        Outcome::Complete => {}
+        Outcome::Truncated { offset } => eprintln!(
+            "warning: {p}: the trace is truncated at byte {offset} (the process may have been killed); \
+             the summary covers the events before it"
+        ),
+        Outcome::Corrupt { offset, message } => eprintln!(
+            "warning: {p}: the trace is corrupt at byte {offset} ({message}); the summary covers the events before it"
+        ),
+    }
+}
