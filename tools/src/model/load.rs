@@ -34,8 +34,20 @@ impl Trace {
 
     /// Loads a trace counting only the events `filter` admits, and shows every admitted
     /// event to `observe` (pass 1 only), in trace order, after the model's own observers.
+    #[cfg(test)]
     pub fn load_with<R: Read>(
         open: impl Fn() -> io::Result<R>,
+        filter: &Filter,
+        observe: &mut dyn Observer,
+    ) -> Result<Trace, String> {
+        Trace::load_recovering(open, &|| None, filter, observe)
+    }
+
+    /// [`Trace::load_with`], each pass completed by what `recovery` gives (the journal of a
+    /// process that did not finish its trace).
+    pub fn load_recovering<R: Read>(
+        open: impl Fn() -> io::Result<R>,
+        recovery: &dyn Fn() -> Option<gpumemtrace_format::recover::Recovery>,
         filter: &Filter,
         observe: &mut dyn Observer,
     ) -> Result<Trace, String> {
@@ -47,7 +59,7 @@ impl Trace {
         let mut groups = Groups::default();
         let mut series = TimeSeries::default();
         let mut backward = Backward::default();
-        trace.outcome = for_each_record(open().map_err(|e| e.to_string())?, |rec| {
+        trace.outcome = for_each_record(open().map_err(|e| e.to_string())?, recovery(), |rec| {
             match rec {
                 Record::Process(p) => trace.process = Some(p),
                 Record::Api(a) => {
@@ -134,7 +146,7 @@ impl Trace {
             let mut pools = Pools::default();
             let mut backward = Backward::default();
             // Errors were reported by pass 1, and pass 2 stops before reaching them.
-            let _ = for_each_record(open().map_err(|e| e.to_string())?, |rec| {
+            let _ = for_each_record(open().map_err(|e| e.to_string())?, recovery(), |rec| {
                 match rec {
                     // Api records are tracked as they come so both passes replay the same events.
                     Record::Api(a) => again.api(a),
@@ -267,7 +279,7 @@ pub fn load_input(input: &Input, filter: &Filter, observe: &mut dyn Observer) ->
         None => p.clone(),
     };
     let pass = std::cell::Cell::new(0);
-    let r = Trace::load_with(
+    let r = Trace::load_recovering(
         || {
             pass.set(pass.get() + 1);
             bar.set_position(0);
@@ -277,6 +289,7 @@ pub fn load_input(input: &Input, filter: &Filter, observe: &mut dyn Observer) ->
             });
             input.reader().map(|r| BufReader::with_capacity(1 << 20, bar.wrap_read(r)))
         },
+        &|| input.recovery(),
         filter,
         observe,
     )

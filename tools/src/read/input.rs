@@ -10,6 +10,8 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
+use gpumemtrace_format::recover::Recovery;
+
 pub enum Input {
     /// A regular file: read again for each pass.
     File { path: PathBuf, len: u64 },
@@ -55,11 +57,35 @@ impl Input {
         }
     }
 
+    /// The journal beside a trace file, which completes a trace its process did not finish
+    /// (docs/format.md, "The journal"); `None` for streams, or when there is none. A journal
+    /// that cannot be read is reported once on stderr and left aside.
+    pub fn recovery(&self) -> Option<Recovery> {
+        match self {
+            Input::File { path, .. } => recovery_beside(path),
+            Input::Memory { .. } => None,
+        }
+    }
+
     /// A reader from the start of the trace (once per pass).
     pub fn reader(&self) -> io::Result<Box<dyn Read + '_>> {
         match self {
             Input::File { path, .. } => Ok(Box::new(File::open(path)?)),
             Input::Memory { bytes, .. } => Ok(Box::new(&bytes[..])),
+        }
+    }
+}
+
+/// The journal beside the trace file `path`, if any (see [`Input::recovery`]).
+pub fn recovery_beside(path: &Path) -> Option<Recovery> {
+    if path.as_os_str() == STDIN {
+        return None;
+    }
+    match Recovery::beside(path) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("gpumemtrace: {}: the journal beside it cannot be read ({e}); the trace is read without it", display(path));
+            None
         }
     }
 }

@@ -3,6 +3,7 @@
 use std::io::Read;
 use std::ops::ControlFlow;
 
+use gpumemtrace_format::recover::{Recovering, Recovery};
 use gpumemtrace_format::{ReadError, Reader, Record};
 
 /// How far reading got.
@@ -19,9 +20,14 @@ pub enum Outcome {
 
 /// Feeds every record to `f` until it breaks or the file ends; returns how reading ended.
 /// Only a file that is not a trace at all, or an I/O error, is an `Err`.
-pub fn for_each_record<R: Read>(source: R, mut f: impl FnMut(Record) -> ControlFlow<()>) -> Result<Outcome, String> {
+/// A journal's `recovery` adds, after the trace's own records, those the trace lacks.
+pub fn for_each_record<R: Read>(
+    source: R,
+    recovery: Option<Recovery>,
+    mut f: impl FnMut(Record) -> ControlFlow<()>,
+) -> Result<Outcome, String> {
     let mut reader = match Reader::new(source) {
-        Ok(r) => r,
+        Ok(r) => Recovering::new(r, recovery),
         Err(e) => return outcome_of(e),
     };
     loop {

@@ -25,7 +25,7 @@ pub fn run(path: &Path, out: &mut impl Write) -> io::Result<bool> {
     // One pass: standard input (`-`) streams as it comes.
     let file = crate::read::input::stream(path)?;
     let reader = match Reader::new(io::BufReader::new(file)) {
-        Ok(r) => r,
+        Ok(r) => gpumemtrace_format::recover::Recovering::new(r, crate::read::input::recovery_beside(path)),
         Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{name}: {e}"))),
     };
     let mut apis: HashMap<u32, Api> = HashMap::new();

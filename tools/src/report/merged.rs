@@ -49,7 +49,7 @@ pub struct CombinedDevice {
 struct Source<'a> {
     pid: u32,
     start_realtime_ns: u64,
-    reader: Reader<BufReader<Box<dyn Read + 'a>>>,
+    reader: gpumemtrace_format::recover::Recovering<BufReader<Box<dyn Read + 'a>>>,
     replay: Replay,
     next: Option<Event>,
     gpu: GpuMemory,
@@ -84,6 +84,7 @@ impl<'a> Source<'a> {
         let path = input.path().display();
         let f = input.reader().map_err(|e| format!("{path}: {e}"))?;
         let reader = Reader::new(BufReader::new(f)).map_err(|e| format!("{path}: {e}"))?;
+        let reader = gpumemtrace_format::recover::Recovering::new(reader, input.recovery());
         let mut s = Source {
             pid: 0,
             start_realtime_ns: 0,
