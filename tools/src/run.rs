@@ -9,9 +9,6 @@ use std::process::Command;
 
 use crate::report::summary::{self, trace_files, Options};
 
-/// Name of the preload library, looked for next to this executable.
-const LIB_NAME: &str = "libgpumemtrace.so";
-
 pub struct Launch {
     pub lib: PathBuf,
     /// Where traces go; created if missing.
@@ -19,29 +16,9 @@ pub struct Launch {
     pub command: Vec<OsString>,
 }
 
-/// The preload library: `$GPUMEMTRACE_LIB`, else `libgpumemtrace.so` next to this executable.
+/// The preload library: `$GPUMEMTRACE_LIB`, else where installs put it (crate::shim).
 pub fn find_lib() -> Result<PathBuf, String> {
-    if let Some(p) = std::env::var_os("GPUMEMTRACE_LIB") {
-        let p = PathBuf::from(p);
-        return match p.exists() {
-            true => Ok(p),
-            false => Err(format!(
-                "GPUMEMTRACE_LIB names {}, which does not exist",
-                p.display()
-            )),
-        };
-    }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot locate this executable: {e}"))?;
-    let lib = exe.with_file_name(LIB_NAME);
-    if lib.exists() {
-        Ok(lib)
-    } else {
-        Err(format!(
-            "the preload library {LIB_NAME} is not next to this executable (looked for {}); \
-             install it there or set GPUMEMTRACE_LIB to its path",
-            lib.display()
-        ))
-    }
+    crate::shim::find()
 }
 
 /// Runs the command traced, summarizes new traces to `report` (stderr for text: stdout belongs
