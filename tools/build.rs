@@ -30,6 +30,13 @@ fn main() {
     }
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
     let root = manifest_dir.parent().expect("tools/ lies in the workspace");
+    assert!(
+        root.join("src/lib.rs").is_file(),
+        "the preload library's sources ({}) are not here, as in maturin's sdist, which keeps only \
+         the CLI's crates: build from a checkout (pip install ., cargo install --path tools), or \
+         set GPUMEMTRACE_EMBED_SHIM=0 and install libgpumemtrace.so yourself",
+        root.join("src").display()
+    );
     for p in [
         "src",
         "format/src",
