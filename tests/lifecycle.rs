@@ -551,3 +551,14 @@ fn an_allocation_inside_dlopen_starts_the_tracer_without_deadlock() {
     let names: Vec<&str> = sites.iter().map(|s| s["function"].as_str().unwrap()).collect();
     assert_eq!(names, ["main", "allocate_at_load"], "the library loaded late is symbolized too");
 }
+
+#[test]
+fn at_exit_the_process_names_its_trace_on_stderr_unless_quiet() {
+    let run = run_traced("prog_driver", &[], &[("GPUMEMTRACE_QUIET", "0")]);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    let lines = tracer_lines(&run.stderr);
+    let n = run.trace().events.len();
+    assert_eq!(lines, [format!("gpumemtrace: {n} events traced to {}", run.traces[0].display()).as_str()], "{}", run.stderr);
+    let quiet = run_traced("prog_driver", &[], &[]);
+    assert!(tracer_lines(&quiet.stderr).is_empty(), "{}", quiet.stderr);
+}

@@ -203,8 +203,9 @@ Example:
     },
     /// Run a command with the tracer preloaded, then summarize its traces on stderr (--json: stdout)
     #[command(after_help = "\
-The tracer, libgpumemtrace.so, is looked for next to this executable; set GPUMEMTRACE_LIB
-to use another. Each traced process writes DIR/gpumemtrace-<pid>.trace. The exit code is
+The tracer, libgpumemtrace.so, is looked for next to this executable, then in
+../lib/gpumemtrace/ (pip's layout), else the copy built into this executable (cargo install)
+is used from ~/.cache/gpumemtrace/; set GPUMEMTRACE_LIB to use another. Each traced process writes DIR/gpumemtrace-<pid>.trace. The exit code is
 the command's (128+N when it was killed by signal N).
 
 Examples:

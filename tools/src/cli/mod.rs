@@ -4,3 +4,4 @@
 pub mod args;
 pub mod dispatch;
 pub mod run;
+pub mod shim;

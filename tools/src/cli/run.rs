@@ -10,9 +10,6 @@ use std::process::Command;
 use crate::read::input::trace_files;
 use crate::report::summary::{self, Options};
 
-/// Name of the preload library, looked for next to this executable.
-const LIB_NAME: &str = "libgpumemtrace.so";
-
 pub struct Launch {
     pub lib: PathBuf,
     /// Where traces go; created if missing.
@@ -20,29 +17,9 @@ pub struct Launch {
     pub command: Vec<OsString>,
 }
 
-/// The preload library: `$GPUMEMTRACE_LIB`, else `libgpumemtrace.so` next to this executable.
+/// The preload library: `$GPUMEMTRACE_LIB`, else where installs put it (crate::shim).
 pub fn find_lib() -> Result<PathBuf, String> {
-    if let Some(p) = std::env::var_os("GPUMEMTRACE_LIB") {
-        let p = PathBuf::from(p);
-        return match p.exists() {
-            true => Ok(p),
-            false => Err(format!(
-                "GPUMEMTRACE_LIB names {}, which does not exist",
-                p.display()
-            )),
-        };
-    }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot locate this executable: {e}"))?;
-    let lib = exe.with_file_name(LIB_NAME);
-    if lib.exists() {
-        Ok(lib)
-    } else {
-        Err(format!(
-            "the preload library {LIB_NAME} is not next to this executable (looked for {}); \
-             install it there or set GPUMEMTRACE_LIB to its path",
-            lib.display()
-        ))
-    }
+    super::shim::find()
 }
 
 /// Runs the command traced, summarizes new traces to `report` (stderr for text: stdout belongs
@@ -76,6 +53,10 @@ pub fn launch(l: &Launch, opts: &Options, report: &mut dyn Write) -> Result<u8, 
     cmd.args(args)
         .env("LD_PRELOAD", preload)
         .env("GPUMEMTRACE_OUTPUT", out_dir);
+    // The summary below names the traces; the processes need not each say so too.
+    if std::env::var_os("GPUMEMTRACE_QUIET").is_none() {
+        cmd.env("GPUMEMTRACE_QUIET", "1");
+    }
     // NVTX ranges become phases (src/nvtx.rs); NVTX takes one injection library, so one
     // already chosen (a profiler's) is kept.
     if std::env::var_os("NVTX_INJECTION64_PATH").is_none_or(|v| v.is_empty()) {

@@ -4,6 +4,7 @@
 //! one job (all loading the same big libraries) parses each object file once.
 
 use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -65,6 +66,9 @@ fn file_name(path: &str) -> &str {
 /// file (when the object has no DWARF of its own) first, then the object itself.
 struct DebugInfo {
     loaders: Vec<Loader>,
+    /// The same files mapped, for their ELF symbol tables (read on first need).
+    maps: Vec<Mmap>,
+    symbols: OnceCell<SymbolTable>,
 }
 
 /// Parsed object files, keyed by path and the build-id the trace recorded.
@@ -191,20 +195,32 @@ impl DebugInfo {
             }
         }
         let mut loaders = Vec::new();
+        let mut maps = Vec::new();
         let has_dwarf = obj.section_by_name(".debug_info").is_some()
             || obj.section_by_name(".zdebug_info").is_some();
         if !has_dwarf {
             let build_id = on_disk.unwrap_or(&m.build_id);
-            if let Some(l) = debug_file_candidates(Path::new(&m.path), build_id, &obj)
+            if let Some((l, debug_map)) = debug_file_candidates(Path::new(&m.path), build_id, &obj)
                 .into_iter()
                 .find(|p| p.is_file())
-                .and_then(|p| Loader::new(p).ok())
+                .and_then(|p| {
+                    let l = Loader::new(&p).ok()?;
+                    // SAFETY: as above.
+                    let map = File::open(&p).and_then(|f| unsafe { Mmap::map(&f) }).ok()?;
+                    Some((l, map))
+                })
             {
                 loaders.push(l);
+                maps.push(debug_map);
             }
         }
         loaders.push(Loader::new(&m.path).map_err(|e| format!("{}: {e}; {fallback}", m.path))?);
-        Ok(Some(DebugInfo { loaders }))
+        maps.push(map);
+        Ok(Some(DebugInfo {
+            loaders,
+            maps,
+            symbols: OnceCell::new(),
+        }))
     }
 
     /// Function, file and line at a file-relative address, inlined chain innermost first.
@@ -229,13 +245,14 @@ impl DebugInfo {
                 return out;
             }
         }
-        // No DWARF function: the symbol table (.symtab or .dynsym) names it, maybe with a
-        // line from a line table.
+        // No DWARF function: the symbol table (.symtab or .dynsym) names it if the address lies
+        // inside a symbol, maybe with a line from a line table. The nearest symbol below is no
+        // name: in a stripped library that is whichever export happens to come before.
         let function = self
-            .loaders
-            .iter()
-            .find_map(|l| l.find_symbol(probe))
-            .map(|s| addr2line::demangle_auto(Cow::Borrowed(s), None).into_owned());
+            .symbols
+            .get_or_init(|| SymbolTable::new(&self.maps))
+            .find(&self.maps, probe)
+            .map(|s| addr2line::demangle_auto(s, None).into_owned());
         let location = self
             .loaders
             .iter()
@@ -245,6 +262,102 @@ impl DebugInfo {
             return Vec::new();
         }
         vec![(function, file, line)]
+    }
+}
+
+/// One ELF symbol: `[start, end)` in the object's addresses, its name a range of `maps[map]`.
+#[derive(Clone, Copy, Debug)]
+struct Sym {
+    start: u64,
+    end: u64,
+    global: bool,
+    map: usize,
+    name: (usize, usize),
+}
+
+/// The function symbols of a module (`.symtab` and `.dynsym` of the object and of its separate
+/// debug file). An address is named by a symbol only when it lies inside it
+/// (`st_value <= a < st_value + st_size`), by one of size 0 only at exactly its address.
+struct SymbolTable {
+    /// Symbols with a size, by start, then the larger first, then locals first: a backward
+    /// walk meets the innermost (and, among equals, a global) first.
+    sized: Vec<Sym>,
+    /// `max_end[i]`: the largest end among `sized[..=i]`, where the backward walk can stop.
+    max_end: Vec<u64>,
+    /// Symbols of size 0, by start.
+    points: Vec<Sym>,
+}
+
+impl SymbolTable {
+    fn new(maps: &[Mmap]) -> SymbolTable {
+        use object::{ObjectSymbol, SymbolKind, SymbolSection};
+        let mut sized = Vec::new();
+        let mut points = Vec::new();
+        for (i, map) in maps.iter().enumerate() {
+            let Ok(obj) = object::File::parse(&**map) else {
+                continue;
+            };
+            for s in obj.symbols().chain(obj.dynamic_symbols()) {
+                // Code: functions, and labels of no type (assembly); not data, sections, files.
+                if !matches!(
+                    s.kind(),
+                    SymbolKind::Text | SymbolKind::Unknown | SymbolKind::Label
+                ) || !matches!(s.section(), SymbolSection::Section(_))
+                {
+                    continue;
+                }
+                let Ok(name) = s.name_bytes() else { continue };
+                if name.is_empty() {
+                    continue;
+                }
+                let sym = Sym {
+                    start: s.address(),
+                    end: s.address().saturating_add(s.size()),
+                    global: s.is_global(),
+                    map: i,
+                    name: (name.as_ptr() as usize - map.as_ptr() as usize, name.len()),
+                };
+                if s.size() == 0 {
+                    points.push(sym);
+                } else {
+                    sized.push(sym);
+                }
+            }
+        }
+        sized.sort_by_key(|s| (s.start, std::cmp::Reverse(s.end), s.global));
+        points.sort_by_key(|s| (s.start, s.global));
+        let max_end = sized
+            .iter()
+            .scan(0, |m, s| {
+                *m = s.end.max(*m);
+                Some(*m)
+            })
+            .collect();
+        SymbolTable {
+            sized,
+            max_end,
+            points,
+        }
+    }
+
+    /// The name of the symbol `addr` lies in, if any.
+    fn find<'m>(&self, maps: &'m [Mmap], addr: u64) -> Option<Cow<'m, str>> {
+        let below = self.sized.partition_point(|s| s.start <= addr);
+        let inside = (0..below)
+            .rev()
+            .take_while(|&i| self.max_end[i] > addr)
+            .map(|i| &self.sized[i])
+            .find(|s| addr < s.end);
+        let exact = || {
+            let after = self.points.partition_point(|s| s.start <= addr);
+            after
+                .checked_sub(1)
+                .map(|i| &self.points[i])
+                .filter(|s| s.start == addr)
+        };
+        let s = inside.or_else(exact)?;
+        let (off, len) = s.name;
+        Some(String::from_utf8_lossy(&maps[s.map][off..off + len]))
     }
 }
 
@@ -427,5 +540,146 @@ pub(crate) mod tests {
             (unmapped.module.as_deref(), unmapped.describe()),
             (None, "0x42".to_string())
         );
+    }
+
+    /// A small shared library built with gcc, unstripped and stripped (only `.dynsym` left).
+    fn symbol_test_library() -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("gpumemtrace-symtest-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("symtest.c");
+        std::fs::write(
+            &src,
+            r#"
+int exported_first(int x) { return x * 3 + 1; }
+static int __attribute__((noinline)) hidden_helper(int x) { volatile int y = x; return y * 7 + y / 3; }
+int exported_second(int x) { return hidden_helper(x) + 2; }
+/* A label with a type and no size, as assembly often has, with room after it. */
+__asm__(".text\n.globl zero_size_mark\n.type zero_size_mark,@function\nzero_size_mark:\n ret\n nop\n nop\n nop\n nop\n");
+"#,
+        )
+        .unwrap();
+        let full = dir.join("libsymtest.so");
+        let stripped = dir.join("libsymtest-stripped.so");
+        let st = std::process::Command::new("gcc")
+            // In source order: an export lies just below the static function.
+            .args(["-shared", "-fPIC", "-O1", "-fno-toplevel-reorder", "-o"])
+            .arg(&full)
+            .arg(&src)
+            .status()
+            .expect("gcc is needed for this test");
+        assert!(st.success());
+        let st = std::process::Command::new("strip")
+            .arg("-o")
+            .arg(&stripped)
+            .arg(&full)
+            .status()
+            .expect("strip (binutils) is needed for this test");
+        assert!(st.success());
+        (full, stripped)
+    }
+
+    /// Address and size of a symbol, from the unstripped library's `.symtab`.
+    fn symbol(path: &Path, name: &str) -> (u64, u64) {
+        use object::ObjectSymbol;
+        let data = std::fs::read(path).unwrap();
+        let obj = object::File::parse(&*data).unwrap();
+        let s = obj
+            .symbols()
+            .find(|s| s.name() == Ok(name))
+            .unwrap_or_else(|| panic!("no symbol {name} in {}", path.display()));
+        (s.address(), s.size())
+    }
+
+    /// The name and description of the frame of return address `ra` in a library loaded at 0.
+    fn name_at(path: &Path, ra: u64) -> (Option<String>, String) {
+        let modules = [Module {
+            id: 1,
+            bias: 0,
+            start: 0,
+            end: u64::MAX,
+            path: path.display().to_string(),
+            build_id: vec![],
+        }];
+        let mut sym = Symbolizer::new();
+        let mut t = sym.for_trace(&modules);
+        let f = t.address(ra)[0].clone();
+        (f.function.clone(), f.describe())
+    }
+
+    #[test]
+    fn symbols_name_only_addresses_inside_them() {
+        let (full, stripped) = symbol_test_library();
+        let (first, first_size) = symbol(&full, "exported_first");
+        let (hidden, hidden_size) = symbol(&full, "hidden_helper");
+        let (mark, mark_size) = symbol(&full, "zero_size_mark");
+        assert!(first_size > 0 && hidden_size > 1 && mark_size == 0);
+        // The case of cuBLAS: the nearest export below the static function is another one.
+        assert!(first + first_size <= hidden);
+        // A return address in the middle of a function: the call is one byte earlier.
+        let mid = |start: u64, size: u64| start + size / 2 + 1;
+
+        for lib in [&full, &stripped] {
+            // Exported (in .dynsym as well as .symtab): named in both copies.
+            assert_eq!(
+                name_at(lib, mid(first, first_size)).0.as_deref(),
+                Some("exported_first"),
+                "{}",
+                lib.display()
+            );
+            // A size-0 symbol names its own address only.
+            assert_eq!(name_at(lib, mark + 1).0.as_deref(), Some("zero_size_mark"));
+            let (f, d) = name_at(lib, mark + 2);
+            assert_eq!(f, None, "{d}");
+            assert_eq!(
+                d,
+                format!("{}+{:#x}", file_name(&lib.display().to_string()), mark + 2)
+            );
+        }
+        // The static function: named from .symtab where it is there...
+        assert_eq!(
+            name_at(&full, mid(hidden, hidden_size)).0.as_deref(),
+            Some("hidden_helper")
+        );
+        // ...and in the stripped copy not after whichever export lies below it, but
+        // `library+0xoffset`.
+        let ra = mid(hidden, hidden_size);
+        let (f, d) = name_at(&stripped, ra);
+        assert_eq!(f, None, "{d}");
+        assert_eq!(d, format!("libsymtest-stripped.so+{ra:#x}"));
+        let _ = std::fs::remove_dir_all(full.parent().unwrap());
+    }
+
+    #[test]
+    fn innermost_containing_symbol_wins() {
+        // Built by hand: [0x100, 0x200) outer, [0x140, 0x160) inner, 0x300 a size-0 label.
+        let names = b"outerinnerlabel";
+        let dir = std::env::temp_dir().join(format!("gpumemtrace-symnames-{}", std::process::id()));
+        std::fs::write(&dir, names).unwrap();
+        let map = unsafe { Mmap::map(&File::open(&dir).unwrap()) }.unwrap();
+        let _ = std::fs::remove_file(&dir);
+        let sym = |start, end, name| Sym {
+            start,
+            end,
+            global: true,
+            map: 0,
+            name,
+        };
+        let mut sized = vec![sym(0x100, 0x200, (0, 5)), sym(0x140, 0x160, (5, 5))];
+        sized.sort_by_key(|s| (s.start, std::cmp::Reverse(s.end), s.global));
+        let t = SymbolTable {
+            max_end: vec![0x200, 0x200],
+            sized,
+            points: vec![sym(0x300, 0x300, (10, 5))],
+        };
+        let maps = [map];
+        let at = |a| t.find(&maps, a).map(Cow::into_owned);
+        assert_eq!(at(0xff), None);
+        assert_eq!(at(0x100).as_deref(), Some("outer"));
+        assert_eq!(at(0x150).as_deref(), Some("inner"));
+        assert_eq!(at(0x160).as_deref(), Some("outer"));
+        assert_eq!(at(0x1ff).as_deref(), Some("outer"));
+        assert_eq!(at(0x200), None);
+        assert_eq!(at(0x300).as_deref(), Some("label"));
+        assert_eq!(at(0x301), None);
     }
 }
