@@ -34,8 +34,6 @@ struct Tracer {
     writer: Mutex<Writer>,
     /// Testing knob: pause per writer batch (back-pressure tests).
     writer_delay: Duration,
-    /// The trace's file descriptor, to close it in a forked child without touching the lock.
-    fd: i32,
     /// Name the trace on stderr at exit (`Config::quiet`), if stderr is still what it was
     /// when tracing started (device and inode): never into a file the host put in its place.
     announce: Option<(u64, u64)>,
@@ -335,8 +333,6 @@ fn open(config: &Config) -> Result<Tracer, String> {
     let target = crate::output::target(config.output.as_deref(), std::process::id(), config.rank);
     let (file, path) =
         crate::output::create(&target, config.file_mode).map_err(|e| format!("cannot create trace file {}: {e}", target.display()))?;
-    use std::os::fd::AsRawFd;
-    let fd = file.as_raw_fd();
     let journal: &'static Journal = Box::leak(Box::new(
         Journal::create(&path, config.file_mode, config.journal)
             .map_err(|e| format!("cannot map the journal for {}: {e}", path.display()))?,
@@ -348,7 +344,7 @@ fn open(config: &Config) -> Result<Tracer, String> {
     TEST_PANIC_AT.store(config.test_panic_at, SeqCst);
     let writer_delay = Duration::from_micros(config.test_writer_delay_us);
     let announce = if config.quiet { None } else { stderr_identity() };
-    Ok(Tracer { journal, writer: Mutex::new(writer), writer_delay, fd, announce })
+    Ok(Tracer { journal, writer: Mutex::new(writer), writer_delay, announce })
 }
 
 /// The writer thread, with every signal blocked so the host's signals go to its own threads.
@@ -525,13 +521,12 @@ extern "C" fn in_forked_child() {
     crate::python::forget_codes();
     let old = TRACER.swap(null_mut(), SeqCst);
     if !old.is_null() {
-        // SAFETY: reading plain fields of the leaked tracer. The fd is the parent's trace and the
-        // journal the parent's rings, which the child must not write to; nothing in the child
-        // uses them after this (TRACER is null, and thread claims belong to the old epoch).
-        unsafe {
-            libc::close((*old).fd);
-            (*old).journal.unmap();
-        }
+        // SAFETY: reading a plain field of the leaked tracer. The journal holds the parent's
+        // rings, which the child must not write to; nothing in the child uses them after this
+        // (TRACER is null, and thread claims belong to the old epoch). The parent's trace
+        // descriptor is left alone: its number may be the host's by now (see
+        // `Writer::own_descriptor`), and it closes on exec.
+        unsafe { (*old).journal.unmap() };
     }
     IN_FLIGHT.store(0, SeqCst);
     crate::clock::reset_seq();

@@ -42,6 +42,8 @@ const FLUSH_BYTES: usize = 256 * 1024;
 
 pub struct Writer {
     file: File,
+    /// The trace's device and inode: the descriptor is checked against them before each write.
+    identity: (u64, u64),
     pub path: PathBuf,
     enc: Encoder,
     buf: Vec<u8>,
@@ -98,8 +100,10 @@ impl Writer {
         let zstd = if config.compress { fmt::Compressor::new().ok() } else { None };
         let flags = if zstd.is_some() { fmt::flags::ZSTD } else { 0 };
         write_all_without_sigxfsz(&mut file, &fmt::header_with(flags))?;
+        let identity = identity(&file).ok_or_else(io::Error::last_os_error)?;
         let mut w = Writer {
             file,
+            identity,
             path,
             enc: Encoder::new(),
             buf: Vec::new(),
@@ -461,6 +465,7 @@ impl Writer {
         if let Some(jn) = self.journal {
             jn.propose(self.events, &at);
         }
+        self.own_descriptor()?;
         let r = match &mut self.zstd {
             Some(z) => {
                 self.out.clear();
@@ -489,6 +494,44 @@ impl Writer {
         } else {
             Ok(())
         }
+    }
+}
+
+fn identity(f: &File) -> Option<(u64, u64)> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fstat writes into the stat buffer we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(f.as_raw_fd(), &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+impl Writer {
+    /// Makes sure the descriptor still is the trace's: a host may close every descriptor it did
+    /// not open (daemons, process pools) and get the same number back for a file of its own.
+    /// Then the number is the host's, never written or closed by us, and the trace is opened
+    /// again by its path (appending, no symlink followed, the same inode or nothing).
+    fn own_descriptor(&mut self) -> io::Result<()> {
+        if identity(&self.file) == Some(self.identity) {
+            return Ok(());
+        }
+        use std::os::fd::{FromRawFd, IntoRawFd};
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .append(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&self.path)?;
+        if identity(&f) != Some(self.identity) {
+            return Err(io::Error::other("the trace file was replaced"));
+        }
+        let host = std::mem::replace(&mut self.file, f);
+        let _ = host.into_raw_fd(); // the host's now: not ours to close
+        // A descriptor far above the ones hosts reuse first.
+        // SAFETY: F_DUPFD_CLOEXEC on our own descriptor; the duplicate replaces it.
+        let high = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&self.file), libc::F_DUPFD_CLOEXEC, 512) };
+        if high >= 0 {
+            // SAFETY: `high` is a fresh descriptor we own.
+            self.file = unsafe { File::from_raw_fd(high) };
+        }
+        Ok(())
     }
 }
 

@@ -562,3 +562,13 @@ fn at_exit_the_process_names_its_trace_on_stderr_unless_quiet() {
     let quiet = run_traced("prog_driver", &[], &[]);
     assert!(tracer_lines(&quiet.stderr).is_empty(), "{}", quiet.stderr);
 }
+
+#[test]
+fn a_host_that_closes_our_descriptor_and_reuses_its_number_gets_no_trace_bytes() {
+    let run = run_traced("prog_lifecycle", &["closefrom"], &[]);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    assert_eq!(std::fs::read(run.dir.join("host.txt")).unwrap(), b"host data\n", "the host's file is the host's");
+    assert!(tracer_lines(&run.stderr).is_empty(), "{}", run.stderr);
+    assert_eq!(alloc_sizes(&run.trace()), vec![MIB, 2 * MIB, 3 * MIB]);
+    assert!(run.trace().stats.is_some_and(|s| s.final_));
+}

@@ -13,6 +13,8 @@
  *   _exit|_Exit|quick_exit|kill-now   allocates (a leak), then ends that way at once
  *   fork-_exit      a forked child allocates three times and leaves with _exit(0), as
  *                   multiprocessing workers do; prints child_pid=
+ *   closefrom       allocates, closes every descriptor above 2 (as daemons do), opens its own
+ *                   file host.txt, writes one line to it, allocates twice more, waits 50 ms
  *   handler         installs its own SIGSEGV handler (prints "own handler ran", exits 42),
  *                   then segfaults: the program's handler must still run
  */
@@ -136,6 +138,22 @@ int main(int argc, char **argv)
         alloc_leak(7 * MiB);
         *(volatile int *)8 = 1;
         return 1;
+    }
+    if (!strcmp(mode, "closefrom")) {
+        int fd, i;
+        alloc_leak(1 * MiB);
+        sleep_ms(30); /* the writer has written to its descriptor */
+        for (i = 3; i < 4096; i++)
+            close(i);
+        fd = open("host.txt", O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (write(fd, "host data\n", 10) != 10)
+            return 4;
+        alloc_leak(2 * MiB);
+        alloc_leak(3 * MiB);
+        sleep_ms(50);
+        close(fd);
+        printf("host_fd=%d\n", fd);
+        return 0;
     }
     if (!strcmp(mode, "fork-_exit")) {
         pid_t pid = fork();
