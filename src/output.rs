@@ -58,6 +58,14 @@ fn numbered(path: &Path, n: u32) -> PathBuf {
     }
 }
 
+/// The device and inode of the open file `fd` (None if it is not open): what tells one of our
+/// descriptors from a number the host has reused.
+pub fn identity(fd: i32) -> Option<(u64, u64)> {
+    // SAFETY: fstat writes into the stat buffer we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
 /// Runs `f` (a write or a resize of one of our files) with SIGXFSZ blocked: past RLIMIT_FSIZE
 /// the kernel sends it, and its default action ends the process; blocked, the call fails with
 /// EFBIG instead. The signal our call raised is consumed; one the host had pending is left.

@@ -104,13 +104,13 @@ impl Journal {
     }
 
     fn u64(&self, off: u64) -> &AtomicU64 {
-        assert!(off % 8 == 0 && (off as usize) + 8 <= self.len);
+        assert!(off.is_multiple_of(8) && (off as usize) + 8 <= self.len);
         // SAFETY: aligned, inside the mapping, which lives as long as `self`.
         unsafe { &*(self.base.add(off as usize) as *const AtomicU64) }
     }
 
     fn u32(&self, off: u64) -> &AtomicU32 {
-        assert!(off % 4 == 0 && (off as usize) + 4 <= self.len);
+        assert!(off.is_multiple_of(4) && (off as usize) + 4 <= self.len);
         // SAFETY: as above.
         unsafe { &*(self.base.add(off as usize) as *const AtomicU32) }
     }
@@ -208,24 +208,12 @@ impl Journal {
     /// Writes `src` at ring position `pos`, wrapping around the ring's end.
     fn ring_write(&self, i: usize, pos: u64, src: &[u8]) {
         let data = j::ring_offset(i) + j::RING_CONTROL;
-        let mut off = 0;
-        while off < src.len() {
-            let at = (pos + off as u64) % j::RING_BYTES;
-            let n = ((j::RING_BYTES - at) as usize).min(src.len() - off);
-            self.bytes(data + at, &src[off..off + n]);
-            off += n;
-        }
+        j::pieces(pos, src.len(), |at, r| self.bytes(data + at, &src[r]));
     }
 
     fn ring_read(&self, i: usize, pos: u64, dst: &mut [u8]) {
         let data = j::ring_offset(i) + j::RING_CONTROL;
-        let mut off = 0;
-        while off < dst.len() {
-            let at = (pos + off as u64) % j::RING_BYTES;
-            let n = ((j::RING_BYTES - at) as usize).min(dst.len() - off);
-            self.read(data + at, &mut dst[off..off + n]);
-            off += n;
-        }
+        j::pieces(pos, dst.len(), |at, r| self.read(data + at, &mut dst[r]));
     }
 
     /// On the writer: the entries of ring `i` from `from` up to what producers published,

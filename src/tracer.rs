@@ -40,9 +40,7 @@ struct Tracer {
 }
 
 fn stderr_identity() -> Option<(u64, u64)> {
-    // SAFETY: fstat writes into the stat buffer we own.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    (unsafe { libc::fstat(2, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+    crate::output::identity(2)
 }
 
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);

@@ -163,7 +163,9 @@ impl Writer {
                             r = self.message(msg, i, pos);
                         }
                     }
-                    // Described on arrival: an event numbered later may have brought them.
+                    // Code objects are described in arrival order, not call order: a
+                    // later-numbered event that arrived earlier may be the one that brought the
+                    // description an earlier-numbered one uses.
                     Ok(jfmt::Entry::Codes(codes)) => self.write_codes(codes),
                     Err(_) => self.dropped += 1, // not expected: the hooks wrote it whole
                 }
@@ -189,13 +191,7 @@ impl Writer {
     }
 
     /// Takes a message in arrival order and writes whatever is now next in call order.
-    fn message(&mut self, mut msg: Msg, ring: usize, pos: u64) -> io::Result<()> {
-        // Code objects are described in arrival order: a later-numbered event that arrived
-        // earlier may be the one that describes a code object an earlier-numbered one uses.
-        if let Msg::Event(RawEvent { py: Some(py), .. }) = &mut msg {
-            let codes = std::mem::take(&mut py.new_codes);
-            self.write_codes(codes);
-        }
+    fn message(&mut self, msg: Msg, ring: usize, pos: u64) -> io::Result<()> {
         let seq = msg.seq();
         if seq == self.next_seq && self.pending.is_empty() {
             self.next_seq += 1; // the usual case: in order, nothing waiting
@@ -345,15 +341,7 @@ impl Writer {
             let id = self.py_codes.len() as u32 + 1;
             self.py_codes.insert((c.code, c.sig), id);
             self.remember(dict::PY_CODE, id, c.code, c.sig);
-            self.put(&Record::PyCode(fmt::PyCode {
-                id,
-                name: c.name,
-                qualname: c.qualname,
-                filename: c.filename,
-                firstlineno: c.firstlineno,
-                linetable_format: c.linetable_format,
-                linetable: c.linetable,
-            }));
+            self.put(&Record::PyCode(c.into_record(id)));
         }
     }
 
@@ -367,13 +355,7 @@ impl Writer {
                     // over); keep the frame, nameless.
                     let id = self.py_codes.len() as u32 + 1;
                     self.py_codes.insert((f.code, f.sig), id);
-                    self.put(&Record::PyCode(fmt::PyCode {
-                        id,
-                        name: "<unknown>".into(),
-                        qualname: "<unknown>".into(),
-                        filename: "<unknown>".into(),
-                        ..fmt::PyCode::default()
-                    }));
+                    self.put(&Record::PyCode(fmt::PyCode::unknown(id)));
                     id
                 }
             };
@@ -498,10 +480,7 @@ impl Writer {
 }
 
 fn identity(f: &File) -> Option<(u64, u64)> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: fstat writes into the stat buffer we own.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    (unsafe { libc::fstat(f.as_raw_fd(), &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+    crate::output::identity(std::os::fd::AsRawFd::as_raw_fd(f))
 }
 
 impl Writer {

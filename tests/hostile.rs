@@ -111,22 +111,6 @@ fn same_with_and_without(prog: &str, a: &[OsString], before: &[&Path], limit: Du
     (plain, traced)
 }
 
-/// A program's output with host pointers (which vary with address-space randomisation)
-/// blanked out; emulated device pointers are deterministic and stay.
-fn normalized(stdout: &str) -> String {
-    stdout
-        .lines()
-        .map(|l| {
-            if l.contains("kind=host") || l.contains("kind=managed") {
-                l.split_whitespace().map(|f| if f.starts_with("ptr=") { "ptr=HOST" } else { f }).collect::<Vec<_>>().join(" ")
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// The last lines of a long output (a loop of crash reports runs to megabytes).
 fn tail(s: &str) -> String {
     let lines: Vec<&str> = s.lines().collect();
@@ -138,23 +122,8 @@ fn tail(s: &str) -> String {
     }
 }
 
-/// Sizes of the successful allocations in a trace, in order.
-fn alloc_sizes(t: &TraceData) -> Vec<u64> {
-    t.events
-        .iter()
-        .filter(|e| e.result == 0 && t.api(e).op == gpumemtrace_format::Op::Alloc)
-        .map(|e| e.size)
-        .collect()
-}
-
 fn fatal_notices(t: &TraceData) -> usize {
     t.notices.iter().filter(|n| n.contains("fatal signal")).count()
-}
-
-fn summary_json(path: &Path) -> serde_json::Value {
-    let out = Command::new(cli()).arg("summary").arg("--json").arg(path).output().unwrap();
-    assert!(out.status.success(), "summary: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,15 +14,6 @@ use gpumemtrace_format::{Reader, ReadError, Record};
 
 const MIB: u64 = 1 << 20;
 
-/// Sizes of the successful allocations in a trace, in order.
-fn alloc_sizes(t: &TraceData) -> Vec<u64> {
-    t.events
-        .iter()
-        .filter(|e| e.result == 0 && t.api(e).op == gpumemtrace_format::Op::Alloc)
-        .map(|e| e.size)
-        .collect()
-}
-
 fn trace_named(run: &Run, pid: u32) -> PathBuf {
     run.dir.join(format!("gpumemtrace-{pid}.trace"))
 }
@@ -255,22 +246,6 @@ fn a_slow_writer_applies_back_pressure_without_dropping() {
     assert_eq!((live, json["traces"][0]["unknown_frees"].as_array().unwrap().len()), (8, 0));
 }
 
-/// A program's output with host pointers (which vary with address-space randomisation)
-/// blanked out; emulated device pointers are deterministic and stay.
-fn normalized(stdout: &str) -> String {
-    stdout
-        .lines()
-        .map(|l| {
-            if l.contains("kind=host") || l.contains("kind=managed") {
-                l.split_whitespace().map(|f| if f.starts_with("ptr=") { "ptr=HOST" } else { f }).collect::<Vec<_>>().join(" ")
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// The program's stdout when run without the tracer (normalized).
 fn untraced_stdout(prog: &str) -> String {
     let out = Command::new(emu().join(prog)).env("EMUCUDA_DEVICES", "2").output().unwrap();
@@ -487,12 +462,6 @@ fn records_of_a_real_trace_include_everything_the_summary_needs() {
     assert_eq!(*kinds.last().unwrap(), "stats");
     let first_event = kinds.iter().position(|k| *k == "event").unwrap();
     assert!(kinds[..first_event].contains(&"module") && kinds[..first_event].contains(&"stack"));
-}
-
-fn summary_json(path: &Path) -> serde_json::Value {
-    let out = cli_summary(path);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 #[test]

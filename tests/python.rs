@@ -11,7 +11,6 @@ use std::path::Path;
 use std::process::Command;
 
 use gpumemtrace_format::{Reader, Record};
-use serde_json::Value;
 
 fn pythons() -> Vec<String> {
     std::env::var("GPUMEMTRACE_TEST_PYTHONS")
@@ -54,12 +53,6 @@ fn logged_calls(stdout: &str) -> Vec<HashMap<String, String>> {
         .filter(|l| l.starts_with("py_alloc"))
         .map(|l| l.split_whitespace().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect())
         .collect()
-}
-
-fn summary_json(trace: &Path) -> Value {
-    let out = Command::new(cli()).arg("summary").arg("--json").arg(trace).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn records(trace: &Path) -> Vec<Record> {

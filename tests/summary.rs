@@ -106,12 +106,6 @@ fn replay(log: &[Logged]) -> (HashMap<(i32, &'static str), Expected>, Vec<&Logge
     (groups, failures, bad_frees)
 }
 
-fn summary_json(trace: &std::path::Path) -> Value {
-    let out = Command::new(cli()).arg("summary").arg("--json").arg(trace).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 fn site_is(site: &Value, source: &str, line: u32) -> bool {
     site["file"].as_str().is_some_and(|f| f.ends_with(source)) && site["line"].as_u64() == Some(line as u64)
 }

@@ -83,6 +83,18 @@ pub fn path_for(trace: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// Where `len` bytes at ring position `pos` lie: `each(offset in the ring's data, range of the
+/// bytes)`, twice when they wrap around the ring's end.
+pub fn pieces(pos: u64, len: usize, mut each: impl FnMut(u64, std::ops::Range<usize>)) {
+    let mut off = 0;
+    while off < len {
+        let at = (pos + off as u64) % RING_BYTES;
+        let n = ((RING_BYTES - at) as usize).min(len - off);
+        each(at, off..off + n);
+        off += n;
+    }
+}
+
 /// An entry's whole size in the ring: framing, payload, padding to 8 bytes.
 pub fn entry_bytes(payload: usize) -> u64 {
     FRAME + (payload as u64).div_ceil(8) * 8
@@ -113,7 +125,7 @@ pub const MAX_PAYLOAD: usize = MAX_ENTRY - FRAME as usize;
 
 /// Calls `each` with the payload of every entry `msg` needs, in order: its code descriptions
 /// (if any, in as many entries as they need), then the message itself (without them). Fields
-/// too long for an entry are cut: a thread or phase name to 4 KiB, a code object's line table
+/// too long for an entry are cut: a thread or phase name to 4 KiB (marked as cut), a code object's line table
 /// left out (its lines then read as its first line), a Python stack to the frames that fit.
 pub fn encode_each(msg: &Msg, buf: &mut Vec<u8>, mut each: impl FnMut(&[u8])) {
     if let Msg::Event(RawEvent { py: Some(py), .. }) = msg {
@@ -156,10 +168,9 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) {
 fn put_code(o: &mut Vec<u8>, c: &CodeInfo, cut: bool) {
     u64_(o, c.code);
     u64_(o, c.sig);
-    let level = if cut { 2 } else { 0 };
-    str_(o, &c.name, level);
-    str_(o, &c.qualname, level);
-    str_(o, &c.filename, level);
+    str_(o, &c.name, cut);
+    str_(o, &c.qualname, cut);
+    str_(o, &c.filename, cut);
     u32_(o, c.firstlineno);
     if cut {
         o.push(line_table_format::NONE);
@@ -212,7 +223,7 @@ fn put_msg(msg: &Msg, o: &mut Vec<u8>) {
                 None => o.push(0),
                 Some(n) => {
                     o.push(1);
-                    str_(o, n, 2);
+                    str_(o, n, true);
                 }
             }
         }
@@ -222,7 +233,7 @@ fn put_msg(msg: &Msg, o: &mut Vec<u8>) {
             u64_(o, p.time_ns);
             u32_(o, p.tid);
             o.push(p.op as u8);
-            str_(o, &p.name, 2);
+            str_(o, &p.name, true);
         }
     }
 }
@@ -237,14 +248,11 @@ fn bytes_(o: &mut Vec<u8>, b: &[u8]) {
     u32_(o, b.len() as u32);
     o.extend_from_slice(b);
 }
-/// From `level` 2 on, long strings are cut (at a character boundary).
-fn str_(o: &mut Vec<u8>, s: &str, level: u8) {
-    if level >= 2 && s.len() > CUT_STRING {
-        let mut end = CUT_STRING;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        bytes_(o, s[..end].as_bytes());
+/// `cut`: a string longer than [`CUT_STRING`] is cut and marked, as the trace's own fields are
+/// ([`crate::cut`]).
+fn str_(o: &mut Vec<u8>, s: &str, cut: bool) {
+    if cut {
+        bytes_(o, crate::cut(s, CUT_STRING).as_bytes());
     } else {
         bytes_(o, s.as_bytes());
     }

@@ -100,6 +100,21 @@ pub struct CodeInfo {
     pub linetable: Vec<u8>,
 }
 
+impl CodeInfo {
+    /// The PyCode record that describes this code object as record `id`.
+    pub fn into_record(self, id: u32) -> crate::PyCode {
+        crate::PyCode {
+            id,
+            name: self.name,
+            qualname: self.qualname,
+            filename: self.filename,
+            firstlineno: self.firstlineno,
+            linetable_format: self.linetable_format,
+            linetable: self.linetable,
+        }
+    }
+}
+
 /// A thread's Python stack at one event.
 #[derive(Debug, Default, PartialEq)]
 pub struct PyCapture {

@@ -194,6 +194,14 @@ pub struct PyCode {
     pub linetable: Vec<u8>,
 }
 
+impl PyCode {
+    /// A code object nothing is known of (its description never arrived): frames keep their
+    /// place in the stack, nameless.
+    pub fn unknown(id: u32) -> PyCode {
+        PyCode { id, name: "<unknown>".into(), qualname: "<unknown>".into(), filename: "<unknown>".into(), ..PyCode::default() }
+    }
+}
+
 /// Encodings of [`PyCode::linetable`].
 pub mod line_table_format {
     /// No table: every frame reports `firstlineno`.

@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::journal::*;
-use crate::raw::Msg;
+use crate::raw::{Msg, RawEvent};
 use crate::{PyCode, PyFrame, Record};
 
 /// A journal as a reader finds it.
@@ -62,16 +62,11 @@ impl Journal {
                 continue;
             }
             let data = |pos: u64, buf: &mut [u8]| {
-                // The entry may wrap around the ring's end.
-                let mut off = 0;
-                while off < buf.len() {
-                    let at = (pos + off as u64) % RING_BYTES;
-                    let n = ((RING_BYTES - at) as usize).min(buf.len() - off);
-                    if f.read_exact_at(&mut buf[off..off + n], base + RING_CONTROL + at).is_err() {
-                        buf[off..off + n].fill(0);
+                pieces(pos, buf.len(), |at, r| {
+                    if f.read_exact_at(&mut buf[r.clone()], base + RING_CONTROL + at).is_err() {
+                        buf[r].fill(0);
                     }
-                    off += n;
-                }
+                })
             };
             let mut end = done;
             for_each_entry(&data, done, head, |pos, payload| match decode(payload) {
@@ -168,7 +163,7 @@ impl Recovery {
 
     /// The records the trace lacks, in call order, then a notice saying what was recovered.
     pub fn finish(self) -> Vec<Record> {
-        let Recovery { journal, path, events, start_ns, stacks, py_stacks, py_codes, mut threads, mut max_id } = self;
+        let Recovery { journal, path, events, start_ns, stacks, py_stacks, py_codes, mut threads, max_id } = self;
         // The write in progress when the process ended completed if the trace has its events.
         let start = if events >= journal.events_proposed { &journal.proposed } else { &journal.committed };
         let fresh = journal.entries.iter().filter(|(r, pos, _)| *pos >= start[*r]).map(|(_, _, e)| e);
@@ -181,50 +176,33 @@ impl Recovery {
             }
         }
         msgs.sort_by_key(|m| m.seq());
-        for &d in &journal.dict {
-            let slot = match d.0 {
-                dict::STACK => 0,
-                dict::PY_STACK => 1,
-                dict::PY_CODE => 2,
-                _ => continue,
-            };
-            max_id[slot] = max_id[slot].max(d.1);
-        }
-        // A dictionary id counts only if its record reached the trace.
-        let mut stack_ids: HashMap<u64, u32> = HashMap::new();
-        let mut py_stack_ids: HashMap<u64, u32> = HashMap::new();
-        let mut code_ids: HashMap<(u64, u64), u32> = HashMap::new();
+        let mut ids = Ids { last: max_id, ..Ids::default() };
         for &(kind, id, key, sig) in &journal.dict {
+            // New ids come after every id the writer gave, written or not.
+            if let Some(slot) = [dict::STACK, dict::PY_STACK, dict::PY_CODE].iter().position(|&k| k == kind) {
+                ids.last[slot] = ids.last[slot].max(id);
+            }
+            // A dictionary id counts only if its record reached the trace.
             match kind {
-                dict::STACK if stacks.contains(&id) => drop(stack_ids.insert(key, id)),
-                dict::PY_STACK if py_stacks.contains(&id) => drop(py_stack_ids.insert(key, id)),
-                dict::PY_CODE if py_codes.contains(&id) => drop(code_ids.insert((key, sig), id)),
+                dict::STACK if stacks.contains(&id) => drop(ids.stacks.insert(key, id)),
+                dict::PY_STACK if py_stacks.contains(&id) => drop(ids.py_stacks.insert(key, id)),
+                dict::PY_CODE if py_codes.contains(&id) => drop(ids.codes.insert((key, sig), id)),
                 _ => {}
             }
         }
-        let mut out = Vec::new();
         for c in codes {
-            if code_ids.contains_key(&(c.code, c.sig)) {
-                continue;
+            if !ids.codes.contains_key(&(c.code, c.sig)) {
+                let id = ids.next(2);
+                ids.codes.insert((c.code, c.sig), id);
+                ids.out.push(Record::PyCode(c.clone().into_record(id)));
             }
-            max_id[2] += 1;
-            code_ids.insert((c.code, c.sig), max_id[2]);
-            out.push(Record::PyCode(PyCode {
-                id: max_id[2],
-                name: c.name.clone(),
-                qualname: c.qualname.clone(),
-                filename: c.filename.clone(),
-                firstlineno: c.firstlineno,
-                linetable_format: c.linetable_format,
-                linetable: c.linetable.clone(),
-            }));
         }
         let (mut n_events, mut n_phases) = (0u64, 0u64);
         for m in msgs {
             match m {
                 Msg::Phase(p) => {
                     n_phases += 1;
-                    out.push(Record::Phase(crate::Phase {
+                    ids.out.push(Record::Phase(crate::Phase {
                         time_ns: p.time_ns.saturating_sub(start_ns),
                         tid: p.tid,
                         op: p.op,
@@ -234,56 +212,15 @@ impl Recovery {
                 Msg::Event(e) => {
                     n_events += 1;
                     if threads.insert(e.tid) {
-                        out.push(Record::Thread(crate::Thread {
+                        ids.out.push(Record::Thread(crate::Thread {
                             tid: e.tid,
                             name: e.thread_name.clone().unwrap_or_default(),
                             python: e.py_tstate,
                         }));
                     }
-                    let mut pystack = 0;
-                    if e.py_key != 0 {
-                        pystack = match (py_stack_ids.get(&e.py_key), &e.py) {
-                            (Some(&id), _) => id,
-                            (None, Some(py)) if !py.frames.is_empty() => {
-                                let mut frames = Vec::with_capacity(py.frames.len());
-                                for f in &py.frames {
-                                    let code = match code_ids.get(&(f.code, f.sig)) {
-                                        Some(&id) => id,
-                                        None => {
-                                            max_id[2] += 1;
-                                            code_ids.insert((f.code, f.sig), max_id[2]);
-                                            out.push(Record::PyCode(PyCode {
-                                                id: max_id[2],
-                                                name: "<unknown>".into(),
-                                                qualname: "<unknown>".into(),
-                                                filename: "<unknown>".into(),
-                                                ..PyCode::default()
-                                            }));
-                                            max_id[2]
-                                        }
-                                    };
-                                    frames.push(PyFrame { code, instr_offset: f.instr, flags: f.flags });
-                                }
-                                max_id[1] += 1;
-                                py_stack_ids.insert(e.py_key, max_id[1]);
-                                out.push(Record::PyStack(crate::PyStack { id: max_id[1], frames }));
-                                max_id[1]
-                            }
-                            _ => 0,
-                        };
-                    }
-                    let stack = match stack_ids.get(&e.frames.key) {
-                        _ if e.frames.key == 0 => 0,
-                        Some(&id) => id,
-                        None if !e.frames.frames.is_empty() => {
-                            max_id[0] += 1;
-                            stack_ids.insert(e.frames.key, max_id[0]);
-                            out.push(Record::Stack(crate::Stack { id: max_id[0], frames: e.frames.frames.clone() }));
-                            max_id[0]
-                        }
-                        None => 0,
-                    };
-                    out.push(Record::Event(crate::Event {
+                    let pystack = ids.py_stack(e);
+                    let stack = ids.stack(e);
+                    ids.out.push(Record::Event(crate::Event {
                         api: e.api,
                         time_ns: e.time_ns.saturating_sub(start_ns),
                         tid: e.tid,
@@ -309,8 +246,72 @@ impl Recovery {
         if journal.damaged {
             notice.push_str(" (part of the journal was damaged and could not be read)");
         }
-        out.push(Record::Notice(notice));
-        out
+        ids.out.push(Record::Notice(notice));
+        ids.out
+    }
+}
+
+/// Record ids for keys during a recovery, and the records it makes.
+#[derive(Default)]
+struct Ids {
+    stacks: HashMap<u64, u32>,
+    py_stacks: HashMap<u64, u32>,
+    codes: HashMap<(u64, u64), u32>,
+    /// The last id given, for stacks, Python stacks and code objects.
+    last: [u32; 3],
+    out: Vec<Record>,
+}
+
+impl Ids {
+    fn next(&mut self, slot: usize) -> u32 {
+        self.last[slot] += 1;
+        self.last[slot]
+    }
+
+    /// The event's native stack: the id its key has, else a new Stack record from the frames
+    /// its thread's first event with that key carries; 0 when neither is there.
+    fn stack(&mut self, e: &RawEvent) -> u32 {
+        if e.frames.key == 0 {
+            return 0;
+        }
+        if let Some(&id) = self.stacks.get(&e.frames.key) {
+            return id;
+        }
+        if e.frames.frames.is_empty() {
+            return 0;
+        }
+        let id = self.next(0);
+        self.stacks.insert(e.frames.key, id);
+        self.out.push(Record::Stack(crate::Stack { id, frames: e.frames.frames.clone() }));
+        id
+    }
+
+    /// The event's Python stack, likewise; a code object never described gets a nameless record.
+    fn py_stack(&mut self, e: &RawEvent) -> u32 {
+        if e.py_key == 0 {
+            return 0;
+        }
+        if let Some(&id) = self.py_stacks.get(&e.py_key) {
+            return id;
+        }
+        let Some(py) = e.py.as_ref().filter(|py| !py.frames.is_empty()) else { return 0 };
+        let mut frames = Vec::with_capacity(py.frames.len());
+        for f in &py.frames {
+            let code = match self.codes.get(&(f.code, f.sig)) {
+                Some(&id) => id,
+                None => {
+                    let id = self.next(2);
+                    self.codes.insert((f.code, f.sig), id);
+                    self.out.push(Record::PyCode(PyCode::unknown(id)));
+                    id
+                }
+            };
+            frames.push(PyFrame { code, instr_offset: f.instr, flags: f.flags });
+        }
+        let id = self.next(1);
+        self.py_stacks.insert(e.py_key, id);
+        self.out.push(Record::PyStack(crate::PyStack { id, frames }));
+        id
     }
 }
 

@@ -232,3 +232,35 @@ pub fn kind_name(k: MemKind) -> &'static str {
         MemKind::Block => "block",
     }
 }
+
+/// `gpumemtrace summary --json` of a trace (or folder), which must succeed.
+pub fn summary_json(path: &Path) -> serde_json::Value {
+    let out = Command::new(cli()).arg("summary").arg("--json").arg(path).output().unwrap();
+    assert!(out.status.success(), "summary: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Sizes of the successful allocations in a trace, in order.
+pub fn alloc_sizes(t: &TraceData) -> Vec<u64> {
+    t.events
+        .iter()
+        .filter(|e| e.result == 0 && t.api(e).op == gpumemtrace_format::Op::Alloc)
+        .map(|e| e.size)
+        .collect()
+}
+
+/// A program's output with host pointers (which vary with address-space randomisation)
+/// blanked out; emulated device pointers are deterministic and stay.
+pub fn normalized(stdout: &str) -> String {
+    stdout
+        .lines()
+        .map(|l| {
+            if l.contains("kind=host") || l.contains("kind=managed") {
+                l.split_whitespace().map(|f| if f.starts_with("ptr=") { "ptr=HOST" } else { f }).collect::<Vec<_>>().join(" ")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
