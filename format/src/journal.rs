@@ -114,7 +114,7 @@ const SLACK: usize = 1024;
 
 /// What an entry holds: a message, or descriptions of code objects that later events use
 /// (sent as entries of their own, before the event, so no entry outgrows a ring).
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Entry {
     Msg(Msg),
     Codes(Vec<CodeInfo>),

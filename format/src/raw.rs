@@ -4,7 +4,7 @@
 //! journal gets them back. Plain data.
 
 /// What the hooks hand to the writer, in order.
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Msg {
     Event(RawEvent),
     Phase(RawPhase),
@@ -21,7 +21,7 @@ impl Msg {
 }
 
 /// A phase boundary (`gpumemtrace_push` / `_pop` / `_mark`, NVTX ranges).
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RawPhase {
     pub seq: u64,
     /// CLOCK_MONOTONIC, absolute.
@@ -32,7 +32,7 @@ pub struct RawPhase {
 }
 
 /// An event as the hot path captured it, before interning.
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RawEvent {
     /// The call order: see the tracer's `clock::next_seq`.
     pub seq: u64,
@@ -66,7 +66,7 @@ pub struct RawEvent {
 /// 0 for no frames); `frames` holds the frames only the first time this thread sends that key
 /// in this tracer's life (empty afterwards: the writer already knows the key). So the warm path
 /// allocates nothing and the writer hashes nothing.
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Stack {
     pub key: u64,
     pub frames: Vec<u64>,
@@ -116,7 +116,7 @@ impl CodeInfo {
 }
 
 /// A thread's Python stack at one event.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PyCapture {
     /// Innermost first.
     pub frames: Vec<RawPyFrame>,

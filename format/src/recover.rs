@@ -12,6 +12,7 @@ use crate::raw::{Msg, RawEvent};
 use crate::{PyCode, PyFrame, Record};
 
 /// A journal as a reader finds it.
+#[derive(Clone)]
 pub struct Journal {
     pub pid: u32,
     events_proposed: u64,
@@ -98,6 +99,7 @@ impl Journal {
 
 /// Completes a trace from its journal: feed it every record read from the trace
 /// ([`Recovery::observe`]), then [`Recovery::finish`] gives the records the trace lacks.
+#[derive(Clone)]
 pub struct Recovery {
     journal: Journal,
     path: PathBuf,

@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 use gpumemtrace_format::recover::Recovery;
 
 pub enum Input {
-    /// A regular file: read again for each pass.
-    File { path: PathBuf, len: u64 },
+    /// A regular file: read again for each pass. The journal beside it is read once, so every
+    /// pass completes the trace alike (a live process's journal moves on meanwhile).
+    File { path: PathBuf, len: u64, recovery: Option<Box<Recovery>> },
     /// A pipe or other stream, read to its end once.
     Memory { path: PathBuf, bytes: Vec<u8> },
 }
@@ -33,7 +34,7 @@ impl Input {
         }
         let meta = std::fs::metadata(path).map_err(err)?;
         if meta.is_file() {
-            return Ok(Input::File { path: path.to_path_buf(), len: meta.len() });
+            return Ok(Input::File { path: path.to_path_buf(), len: meta.len(), recovery: recovery_beside(path).map(Box::new) });
         }
         if meta.is_dir() {
             return Err(format!("{}: is a directory", path.display()));
@@ -58,11 +59,11 @@ impl Input {
     }
 
     /// The journal beside a trace file, which completes a trace its process did not finish
-    /// (docs/format.md, "The journal"); `None` for streams, or when there is none. A journal
-    /// that cannot be read is reported once on stderr and left aside.
+    /// (docs/format.md, "The journal"), for one pass; `None` for streams, or when there is none.
+    /// A journal that cannot be read is reported once on stderr and left aside.
     pub fn recovery(&self) -> Option<Recovery> {
         match self {
-            Input::File { path, .. } => recovery_beside(path),
+            Input::File { recovery, .. } => recovery.as_deref().cloned(),
             Input::Memory { .. } => None,
         }
     }
