@@ -93,9 +93,15 @@ impl<R: Read> Reader<R> {
         })
     }
 
-    /// Byte offset just past the last record returned.
+    /// Byte offset just past the last record returned. In a compressed trace records have no
+    /// position of their own in the file: there it is how far the file has been read.
     pub fn offset(&self) -> u64 {
-        self.offset
+        self.in_file(self.offset)
+    }
+
+    /// `stream`, a position in the records, as a position in the file.
+    fn in_file(&self, stream: u64) -> u64 {
+        self.inner.consumed().map_or(stream, |n| HEADER_LEN as u64 + n)
     }
 
     /// The next record; `Ok(None)` at a clean end of file.
@@ -179,9 +185,14 @@ impl<R: Read> Reader<R> {
         Ok(())
     }
 
+    /// Ends reading with `e`, its offset a position in the file (see [`Reader::offset`]).
     fn fail(&mut self, e: ReadError) -> ReadError {
         self.done = true;
-        e
+        match e {
+            ReadError::Truncated { offset } => ReadError::Truncated { offset: self.in_file(offset) },
+            ReadError::Corrupt { offset, what } => ReadError::Corrupt { offset: self.in_file(offset), what },
+            e => e,
+        }
     }
 }
 
