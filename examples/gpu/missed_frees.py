@@ -3,7 +3,9 @@
 Reads `gpumemtrace dump` JSON lines on stdin. For every successful allocation that returns an
 address the trace still holds live, prints the earlier allocation, the new one, the events at
 that address around them (api, thread, time, order in the file) and whether a free of the
-address comes later in the file (a free written out of order) or never (a free not seen).
+address comes later in the file (a free written out of order) or never (a free not seen). Also
+counts successful allocations that returned NULL (cudaMalloc of 0 bytes): the CLI once took each
+of those as an allocation at a live address.
 """
 import json
 import sys
@@ -49,6 +51,8 @@ for i, e in enumerate(events):
                 print(f"    #{k} {x['op']:5} {x['api']:24} tid {x['tid']} t={x['t']} size {x['size']} dev {x['device']}")
     live[key] = i
 
+nulls = sum(1 for e in events if e["op"] == "alloc" and e["result"] == 0 and not e["addr"])
+print(f"successful allocations that returned NULL (size 0): {nulls}")
 apis = defaultdict(int)
 for e in events:
     apis[(e["api"], e["op"], e["result"] == 0)] += 1

@@ -380,6 +380,17 @@ fn a_free_written_after_its_address_was_reused_frees_the_older_allocation() {
 }
 
 #[test]
+fn a_zero_byte_allocation_that_succeeds_with_null_holds_nothing_and_displaces_nothing() {
+    // cudaMalloc(&p, 0) returns success and p = NULL (PyTorch's empty tensors without its cache).
+    let mut b = TraceBuilder::new();
+    b.ok(MALLOC, 1, 0, 0, 1).ok(MALLOC, 2, 0, 0, 1).ok(MALLOC, 3, 0x1000, 40, 2);
+    let t = b.load();
+    let g = &t.groups[&key(0, MemKind::Device)];
+    assert_eq!((g.allocations, g.double_allocs, g.live_bytes, g.live_count), (1, 0, 40, 1));
+    assert!(t.bad_frees.is_empty());
+}
+
+#[test]
 fn an_address_allocated_twice_without_a_free_keeps_both_and_says_so() {
     let mut b = TraceBuilder::new();
     b.ok(MALLOC, 1, 0x1000, 100, 1).ok(MALLOC, 2, 0x1000, 40, 2);

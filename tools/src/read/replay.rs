@@ -186,6 +186,10 @@ impl Replay {
         let (op, kind) = (api.op, api.kind);
         let fallback = GroupKey { device: e.device, kind };
         match (op, e.result == 0) {
+            // `cudaMalloc(&p, 0)` succeeds and hands out NULL: nothing is allocated, and the
+            // next one at NULL displaces nothing (PyTorch without its cache makes them for
+            // empty tensors; counted as allocations at a live address they read as missed frees).
+            (Op::Alloc, true) if e.addr == 0 => (StepKind::Ignored, fallback, 0, 0),
             (Op::Alloc, true) => {
                 // A mapping belongs to the device of the physical memory it maps, whatever
                 // device was current when cuMemMap was called.
