@@ -5,23 +5,21 @@
 //! glibc's variadic `execl`, `execlp` and `execle` call the kernel through internal symbols and
 //! cannot be interposed from Rust; after those, the periodic flush bounds the loss to 10 ms.
 
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::{c_char, c_int};
 
-use crate::resolve::next_definition;
+use crate::lazy::LazyFn;
+use crate::resolve::next_fn;
 
 type ExecveFn = unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
 type ExecvFn = unsafe extern "C" fn(*const c_char, *const *const c_char) -> c_int;
 type FexecveFn = unsafe extern "C" fn(c_int, *const *const c_char, *const *const c_char) -> c_int;
 
-/// The real function `name`, typed `F`, or `None` (then the caller fails with ENOSYS).
-///
-/// # Safety
-/// `F` must be the function pointer type of `name`.
-unsafe fn real<F: Copy>(name: &CStr) -> Option<F> {
-    let p = next_definition(name);
-    // SAFETY: per the contract, `F` is `name`'s type; `p` is non-null.
-    (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut std::ffi::c_void, F>(&p) })
-}
+// The real functions, found on first use.
+static EXECVE: LazyFn = LazyFn::new();
+static EXECV: LazyFn = LazyFn::new();
+static EXECVP: LazyFn = LazyFn::new();
+static EXECVPE: LazyFn = LazyFn::new();
+static FEXECVE: LazyFn = LazyFn::new();
 
 fn enosys() -> c_int {
     // SAFETY: errno is thread-local.
@@ -39,7 +37,7 @@ fn before_exec() {
 pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
     before_exec();
     // SAFETY: the real execve with the caller's arguments.
-    unsafe { real::<ExecveFn>(c"execve").map_or_else(enosys, |f| f(path, argv, envp)) }
+    unsafe { next_fn::<ExecveFn>(&EXECVE, c"execve").map_or_else(enosys, |f| f(path, argv, envp)) }
 }
 
 /// # Safety
@@ -48,7 +46,7 @@ pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char,
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
     before_exec();
     // SAFETY: as above.
-    unsafe { real::<ExecvFn>(c"execv").map_or_else(enosys, |f| f(path, argv)) }
+    unsafe { next_fn::<ExecvFn>(&EXECV, c"execv").map_or_else(enosys, |f| f(path, argv)) }
 }
 
 /// # Safety
@@ -57,7 +55,7 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) 
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
     before_exec();
     // SAFETY: as above.
-    unsafe { real::<ExecvFn>(c"execvp").map_or_else(enosys, |f| f(file, argv)) }
+    unsafe { next_fn::<ExecvFn>(&EXECVP, c"execvp").map_or_else(enosys, |f| f(file, argv)) }
 }
 
 /// # Safety
@@ -66,7 +64,7 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char)
 pub unsafe extern "C" fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
     before_exec();
     // SAFETY: as above.
-    unsafe { real::<ExecveFn>(c"execvpe").map_or_else(enosys, |f| f(file, argv, envp)) }
+    unsafe { next_fn::<ExecveFn>(&EXECVPE, c"execvpe").map_or_else(enosys, |f| f(file, argv, envp)) }
 }
 
 /// # Safety
@@ -75,5 +73,5 @@ pub unsafe extern "C" fn execvpe(file: *const c_char, argv: *const *const c_char
 pub unsafe extern "C" fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
     before_exec();
     // SAFETY: as above.
-    unsafe { real::<FexecveFn>(c"fexecve").map_or_else(enosys, |f| f(fd, argv, envp)) }
+    unsafe { next_fn::<FexecveFn>(&FEXECVE, c"fexecve").map_or_else(enosys, |f| f(fd, argv, envp)) }
 }

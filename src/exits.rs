@@ -6,16 +6,20 @@
 
 use std::ffi::c_int;
 
-use crate::resolve::next_definition;
+use crate::lazy::LazyFn;
+use crate::resolve::next_fn;
 
 type ExitFn = unsafe extern "C" fn(c_int) -> !;
 
-fn finish_then(name: &std::ffi::CStr, status: c_int) -> ! {
+static EXIT: LazyFn = LazyFn::new();
+static EXIT_UPPER: LazyFn = LazyFn::new();
+
+fn finish_then(slot: &LazyFn, name: &std::ffi::CStr, status: c_int) -> ! {
     let _ = std::panic::catch_unwind(crate::tracer::finish_before_exec);
-    let p = next_definition(name);
-    if !p.is_null() {
-        // SAFETY: `p` is the next definition of `_exit`/`_Exit`, whose type is `ExitFn`.
-        unsafe { std::mem::transmute::<*mut std::ffi::c_void, ExitFn>(p)(status) }
+    // SAFETY: `_exit` and `_Exit` have type `ExitFn`; each slot holds one of them.
+    if let Some(real) = unsafe { next_fn::<ExitFn>(slot, name) } {
+        // SAFETY: the program's own call, forwarded.
+        unsafe { real(status) }
     }
     // SAFETY: the system call `_exit` makes; it does not return.
     unsafe { libc::syscall(libc::SYS_exit_group, status as libc::c_long) };
@@ -26,12 +30,12 @@ fn finish_then(name: &std::ffi::CStr, status: c_int) -> ! {
 /// As `_exit(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn _exit(status: c_int) -> ! {
-    finish_then(c"_exit", status)
+    finish_then(&EXIT, c"_exit", status)
 }
 
 /// # Safety
 /// As `_Exit(3)`.
 #[no_mangle]
 pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
-    finish_then(c"_Exit", status)
+    finish_then(&EXIT_UPPER, c"_Exit", status)
 }

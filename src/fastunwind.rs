@@ -426,22 +426,8 @@ fn rebuild() -> Result<&'static Snapshot, Unavailable> {
 
 /// Whether objects were loaded or unloaded since `snap` (dl_iterate_phdr's counters).
 fn loader_changed(snap: &Snapshot) -> bool {
-    let (adds, subs) = loader_counters();
+    let (adds, subs) = crate::phdr::loader_counters();
     adds != snap.adds || subs != snap.subs
-}
-
-fn loader_counters() -> (u64, u64) {
-    unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
-        // SAFETY: `data` is the tuple passed below; `info` is valid during the call.
-        unsafe {
-            *(data as *mut (u64, u64)) = ((*info).dlpi_adds, (*info).dlpi_subs);
-        }
-        1
-    }
-    let mut c = (0u64, 0u64);
-    // SAFETY: the callback writes only into `c`.
-    unsafe { libc::dl_iterate_phdr(Some(first), &mut c as *mut (u64, u64) as *mut c_void) };
-    c
 }
 
 struct Found {
@@ -452,39 +438,13 @@ struct Found {
 }
 
 fn build() -> Snapshot {
-    let mut found: (Vec<Found>, u64, u64) = (Vec::new(), 0, 0);
-    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            // SAFETY: `data` is `found`; `info` and its program headers are valid during the call.
-            let (out, info) = unsafe { (&mut *(data as *mut (Vec<Found>, u64, u64)), &*info) };
-            out.1 = info.dlpi_adds;
-            out.2 = info.dlpi_subs;
-            let phdrs = if info.dlpi_phdr.is_null() {
-                &[][..]
-            } else {
-                // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
-                unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) }
-            };
-            let bias = info.dlpi_addr;
-            let mut f = Found { name: String::new(), bias, loads: Vec::new(), eh_frame_hdr: None };
-            for ph in phdrs {
-                match ph.p_type {
-                    libc::PT_LOAD => f.loads.push((bias + ph.p_vaddr, bias + ph.p_vaddr + ph.p_memsz, ph.p_flags & libc::PF_X != 0)),
-                    libc::PT_GNU_EH_FRAME => f.eh_frame_hdr = Some((bias + ph.p_vaddr, ph.p_memsz)),
-                    _ => {}
-                }
-            }
-            if !info.dlpi_name.is_null() {
-                // SAFETY: the loader's names are NUL-terminated.
-                f.name = unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }.to_string_lossy().into_owned();
-            }
-            out.0.push(f);
-        }));
-        0
-    }
-    // SAFETY: the callback only reads what the loader hands it and pushes owned copies.
-    unsafe { libc::dl_iterate_phdr(Some(each), &mut found as *mut _ as *mut c_void) };
-    let (objects, adds, subs) = found;
+    let (mut objects, mut adds, mut subs) = (Vec::new(), 0, 0);
+    crate::phdr::each_loaded(|o| {
+        (adds, subs) = (o.adds, o.subs);
+        let name = o.name.to_string_lossy().into_owned();
+        objects.push(Found { name, bias: o.bias, loads: o.segments().collect(), eh_frame_hdr: o.header(libc::PT_GNU_EH_FRAME) });
+        std::ops::ControlFlow::Continue(())
+    });
     let mut unwinder = UnwinderX86_64::new();
     let mut code = Vec::new();
     for o in &objects {
@@ -549,22 +509,18 @@ fn decode_pointer(enc: u8, b: &[u8], field: u64, datarel: u64) -> Option<u64> {
 #[no_mangle]
 pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     type DlcloseFn = unsafe extern "C" fn(*mut c_void) -> c_int;
-    static REAL: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
-    let mut p = REAL.load(Acquire);
-    if p.is_null() {
-        p = crate::resolve::dlsym_real(libc::RTLD_NEXT, c"dlclose");
-        if p.is_null() {
-            return -1;
-        }
-        REAL.store(p, Release);
-    }
-    // SAFETY: `p` is the next definition of dlclose.
-    let r = unsafe { std::mem::transmute::<*mut c_void, DlcloseFn>(p)(handle) };
+    static REAL: crate::lazy::LazyFn = crate::lazy::LazyFn::new();
+    // SAFETY: the next definition of dlclose has dlclose's type.
+    let Some(real) = (unsafe { REAL.typed::<DlcloseFn>(|| crate::resolve::dlsym_real(libc::RTLD_NEXT, c"dlclose")) }) else {
+        return -1;
+    };
+    // SAFETY: forwarding the program's argument to the real dlclose.
+    let r = unsafe { real(handle) };
     // Most calls only drop a reference (our own RTLD_NOLOAD lookups included): stale only when
     // the loader really unloaded something since the snapshot.
     let snap = SNAPSHOT.load(Acquire);
     // SAFETY: snapshots are leaked, never freed.
-    if !snap.is_null() && unsafe { (*snap).subs } != loader_counters().1 {
+    if !snap.is_null() && unsafe { (*snap).subs } != crate::phdr::loader_counters().1 {
         STALE.store(true, SeqCst);
     }
     r

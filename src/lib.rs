@@ -17,7 +17,9 @@
 //! - Data and small services, depending on nothing above: [`table`] (the one declarative list of
 //!   hooked functions, and their real functions), [`record`] (what the hooks hand to the writer),
 //!   [`clock`] (time, call order, tracer starts), [`thread`] (thread id and name), [`config`]
-//!   (every environment variable), [`resolve`], [`modules`], [`guard`], [`output`], [`cuda`].
+//!   (every environment variable), [`resolve`], [`modules`], [`phdr`] (the one walk over the
+//!   loaded objects), [`lazy`] (the one slot type for a function found on first use), [`guard`],
+//!   [`output`], [`cuda`].
 //!
 //! `unsafe` lives in the FFI-facing modules, each use with a `// SAFETY:` note.
 
@@ -32,9 +34,11 @@ mod cuda;
 mod guard;
 mod hooks;
 mod hotpath;
+mod lazy;
 mod modules;
 mod nvtx;
 mod output;
+mod phdr;
 mod phases;
 mod python;
 mod record;
@@ -126,14 +130,41 @@ mod tests {
         }
     }
 
+    /// One walk over the loaded objects and one kind of lazily found function (issue 15): the
+    /// loader is asked in `phdr` only, and real functions are kept in `lazy::LazyFn` slots only.
+    #[test]
+    fn one_loader_walk_and_one_lazy_function_slot() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let stem = p.file_stem().unwrap().to_string_lossy().into_owned();
+            if stem == "lib" {
+                continue; // this test
+            }
+            let code: String = std::fs::read_to_string(&p)
+                .unwrap()
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            if stem != "phdr" {
+                assert!(!code.contains("libc::dl_iterate_phdr("), "{stem} walks the loaded objects itself: use phdr::each_loaded");
+            }
+            if stem != "lazy" {
+                assert!(!code.contains("AtomicPtr<c_void>"), "{stem} keeps a function pointer itself: use lazy::LazyFn");
+            }
+        }
+    }
+
     /// The bottom layer: plain data and small services that every other module may use.
     #[test]
     fn bottom_modules_depend_on_nothing() {
         let deps = dependencies();
-        for m in ["record", "clock", "thread", "config", "crash", "guard", "cuda", "modules", "output"] {
+        for m in ["record", "clock", "thread", "config", "crash", "guard", "cuda", "output", "phdr", "lazy"] {
             assert!(deps[m].is_empty(), "{m} depends on {:?}", deps[m]);
         }
-        assert_eq!(deps["table"], ["resolve"], "the hook table is data (and the real functions' slots)");
+        assert_eq!(deps["modules"], ["phdr"]);
+        assert_eq!(deps["table"], ["lazy", "resolve"], "the hook table is data (and the real functions' slots)");
         assert!(!deps["hotpath"].contains(&"table".to_owned()) && !deps["table"].contains(&"routing".to_owned()));
     }
 

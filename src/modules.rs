@@ -2,7 +2,9 @@
 //! where each is mapped and its GNU build-id. The trace carries them so the CLI can symbolize
 //! offline; `resolve` uses them to find real functions and emulate `RTLD_NEXT`.
 
-use std::ffi::{c_int, c_void, CStr};
+use std::ops::ControlFlow;
+
+use crate::phdr::each_loaded;
 
 /// One loaded object.
 #[derive(Clone, Debug)]
@@ -33,60 +35,34 @@ impl Object {
 /// Every loaded object, in load order (the order symbol lookup uses).
 pub fn loaded_objects() -> Vec<Object> {
     let mut out: Vec<Object> = Vec::new();
-    // SAFETY: the callback only reads the dl_phdr_info the loader hands it, for the duration
-    // of the call, and pushes owned copies into `out`.
-    unsafe {
-        libc::dl_iterate_phdr(Some(collect), &mut out as *mut Vec<Object> as *mut c_void);
-    }
-    out
-}
-
-unsafe extern "C" fn collect(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
-    // Never unwind into the loader.
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        // SAFETY: `data` is the Vec passed by `loaded_objects`; `info` is valid during the call.
-        let (out, info) = unsafe { (&mut *(data as *mut Vec<Object>), &*info) };
-        let name = if info.dlpi_name.is_null() {
-            ""
-        } else {
-            // SAFETY: the loader's names are NUL-terminated strings.
-            unsafe { CStr::from_ptr(info.dlpi_name) }.to_str().unwrap_or("")
-        };
-        let is_main = out.is_empty() && name.is_empty();
+    each_loaded(|o| {
+        let name = o.name.to_str().unwrap_or("");
+        let is_main = o.index == 0 && name.is_empty();
         if name.is_empty() && !is_main {
-            return;
+            return ControlFlow::Continue(()); // the vDSO: no file to symbolize from
         }
         let path = if is_main {
             std::fs::read_link("/proc/self/exe").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default()
         } else {
             name.to_owned()
         };
-        let bias = info.dlpi_addr;
-        let phdrs = if info.dlpi_phdr.is_null() {
-            &[][..]
-        } else {
-            // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
-            unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) }
-        };
-        let mut segments = Vec::new();
-        let mut build_id = Vec::new();
-        for ph in phdrs {
-            match ph.p_type {
-                libc::PT_LOAD => segments.push((bias + ph.p_vaddr, bias + ph.p_vaddr + ph.p_memsz)),
-                libc::PT_NOTE if build_id.is_empty() => {
-                    // SAFETY: PT_NOTE segments are mapped (they lie inside a PT_LOAD) and
-                    // p_memsz bytes long.
-                    let notes = unsafe {
-                        std::slice::from_raw_parts((bias + ph.p_vaddr) as *const u8, ph.p_memsz as usize)
-                    };
-                    build_id = find_build_id(notes).unwrap_or_default();
-                }
-                _ => {}
-            }
-        }
-        out.push(Object { path, is_main, bias, segments, build_id });
-    }));
-    0
+        let segments = o.segments().map(|(s, e, _)| (s, e)).collect();
+        // Linkers often make two PT_NOTE segments (8- and 4-aligned notes): look in each.
+        let build_id = o
+            .phdrs
+            .iter()
+            .filter(|ph| ph.p_type == libc::PT_NOTE)
+            .find_map(|ph| {
+                // SAFETY: PT_NOTE segments are mapped (they lie inside a PT_LOAD) and p_memsz
+                // bytes long, while the object is loaded (we are inside the loader's walk).
+                let notes = unsafe { std::slice::from_raw_parts(o.bias.wrapping_add(ph.p_vaddr) as *const u8, ph.p_memsz as usize) };
+                find_build_id(notes)
+            })
+            .unwrap_or_default();
+        out.push(Object { path, is_main, bias: o.bias, segments, build_id });
+        ControlFlow::Continue(())
+    });
+    out
 }
 
 /// The NT_GNU_BUILD_ID descriptor in a block of ELF notes (bounds-checked).

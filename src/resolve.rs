@@ -3,35 +3,33 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use std::ops::ControlFlow;
 
 use crate::modules::{loaded_objects, Object};
+use crate::lazy::LazyFn;
+use crate::phdr::each_loaded;
 
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 
-static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+static REAL_DLSYM: LazyFn = LazyFn::new();
 
 /// glibc's own `dlsym`. We export `dlsym` ourselves, so it is looked up by version: glibc 2.34+
 /// has it in libc as GLIBC_2.34, older ones in libdl as GLIBC_2.2.5. Found when this library is
 /// loaded ([`init`]), so that no `dlsym` of the program's pays the lookup (`dlvsym` resets
 /// `dlerror`'s state).
 pub fn real_dlsym_fn() -> Option<DlsymFn> {
-    let mut p = REAL_DLSYM.load(Ordering::Acquire);
-    if p.is_null() {
-        for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+    let find = || {
+        [c"GLIBC_2.34", c"GLIBC_2.2.5"]
+            .iter()
             // SAFETY: plain dlvsym call with NUL-terminated strings.
-            p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
-            if !p.is_null() {
-                break;
-            }
-        }
-        if p.is_null() {
-            return None;
-        }
-        REAL_DLSYM.store(p, Ordering::Release);
-    }
-    // SAFETY: `p` is glibc's dlsym, whose type is DlsymFn.
-    Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(p) })
+            .map(|version| unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) })
+            .find(|p| !p.is_null())
+            .unwrap_or(null_mut())
+    };
+    // SAFETY: what `find` finds is glibc's dlsym, whose type is DlsymFn.
+    unsafe { REAL_DLSYM.typed(find) }
 }
 
 /// Run from this library's constructor: looks up what `dlsym` needs before the program runs.
@@ -102,6 +100,15 @@ pub fn lookup_in(obj: &Object, name: &CStr) -> *mut c_void {
     }
 }
 
+/// The next definition of `name` (see [`next_definition`]) typed as `F`, kept in `slot`.
+///
+/// # Safety
+/// `F` must be the function pointer type of `name`, and `slot` used for `name` only.
+pub unsafe fn next_fn<F: Copy>(slot: &LazyFn, name: &CStr) -> Option<F> {
+    // SAFETY: per the contract.
+    unsafe { slot.typed(|| next_definition(name)) }
+}
+
 /// The definition of `name` that our hook stands in front of: the next one after this library
 /// in global lookup order, or, for libraries opened with RTLD_LOCAL (cudart opening libcuda,
 /// Python extensions opening libcudart), the one in any loaded object other than us.
@@ -129,56 +136,24 @@ pub fn next_definition(name: &CStr) -> *mut c_void {
 /// lock of ours and leaves `dlerror` alone (it reads the objects' own symbol tables instead of
 /// opening them; `dl_iterate_phdr` takes only the loader's recursive lock).
 pub fn next_after(caller: *const c_void, name: &CStr) -> Option<*mut c_void> {
-    let mut search = NextAfter { caller: caller as u64, name: name.to_bytes(), seen_caller: false, found: None };
-    // SAFETY: the callback reads what the loader hands it during the call, and `search`, which
-    // outlives the call.
-    unsafe { libc::dl_iterate_phdr(Some(next_after_in), &mut search as *mut NextAfter as *mut c_void) };
-    search.found.flatten()
-}
-
-struct NextAfter<'a> {
-    caller: u64,
-    name: &'a [u8],
-    seen_caller: bool,
-    /// `Some(Some(p))`: found; `Some(None)`: the answer is glibc's to give (stop looking).
-    found: Option<Option<*mut c_void>>,
-}
-
-unsafe extern "C" fn next_after_in(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
-    // SAFETY: `data` is the NextAfter of `next_after`; `info` is valid during the call.
-    let (search, info) = unsafe { (&mut *(data as *mut NextAfter), &*info) };
-    // SAFETY: dlpi_phdr points to dlpi_phnum program headers while the object is loaded.
-    let phdrs = unsafe { phdrs_of(info) };
-    if !search.seen_caller {
-        search.seen_caller = phdrs.iter().any(|ph| ph.p_type == libc::PT_LOAD && {
-            let start = info.dlpi_addr.wrapping_add(ph.p_vaddr);
-            search.caller >= start && search.caller < start.wrapping_add(ph.p_memsz)
-        });
-        return 0;
-    }
-    // SAFETY: the object is loaded (we are inside dl_iterate_phdr), its tables are mapped.
-    match unsafe { elf_lookup(info.dlpi_addr, phdrs, search.name) } {
-        Lookup::Found(p) => {
-            search.found = Some(Some(p));
-            1
+    let (caller, name) = (caller as u64, name.to_bytes());
+    let mut seen_caller = false;
+    // `Some(None)`: the answer is glibc's to give (stop looking).
+    let mut found: Option<Option<*mut c_void>> = None;
+    each_loaded(|o| {
+        if !seen_caller {
+            seen_caller = o.contains(caller);
+            return ControlFlow::Continue(());
         }
-        Lookup::Unreadable => {
-            search.found = Some(None);
-            1
+        // SAFETY: the object is loaded (we are inside the loader's walk), its tables are mapped.
+        match unsafe { elf_lookup(o.bias, o.phdrs, name) } {
+            Lookup::Found(p) => found = Some(Some(p)),
+            Lookup::Unreadable => found = Some(None),
+            Lookup::Absent => return ControlFlow::Continue(()),
         }
-        Lookup::Absent => 0,
-    }
-}
-
-/// # Safety
-/// `info` comes from `dl_iterate_phdr`, during its callback.
-unsafe fn phdrs_of(info: &libc::dl_phdr_info) -> &[libc::Elf64_Phdr] {
-    if info.dlpi_phdr.is_null() {
-        &[]
-    } else {
-        // SAFETY: per the contract.
-        unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) }
-    }
+        ControlFlow::Break(())
+    });
+    found.flatten()
 }
 
 /// What one object's dynamic symbol table says of a name.
@@ -406,28 +381,26 @@ unsafe fn sysv_candidates(table: *const u32, name: &[u8], mut offer: impl FnMut(
 }
 
 type CtxGetDeviceFn = unsafe extern "C" fn(*mut c_int) -> c_int;
-static CTX_GET_DEVICE: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+static CTX_GET_DEVICE: LazyFn = LazyFn::new();
 static CTX_GET_DEVICE_TRIES: AtomicU32 = AtomicU32::new(0);
 
 /// The calling thread's current device according to the driver, or -1.
 pub fn current_device() -> i32 {
-    let mut p = CTX_GET_DEVICE.load(Ordering::Acquire);
-    if p.is_null() {
-        // The driver is loaded before any allocation succeeds; give up after a few misses so a
-        // process without libcuda does not scan its objects on every call.
+    // The driver is loaded before any allocation succeeds; give up after a few misses so a
+    // process without libcuda does not scan its objects on every call.
+    let find = || {
         if CTX_GET_DEVICE_TRIES.fetch_add(1, Ordering::Relaxed) >= 8 {
-            return -1;
+            return null_mut();
         }
-        p = next_definition(c"cuCtxGetDevice");
-        if p.is_null() {
-            return -1;
-        }
-        CTX_GET_DEVICE.store(p, Ordering::Release);
-    }
+        next_definition(c"cuCtxGetDevice")
+    };
+    // SAFETY: the driver's cuCtxGetDevice(CUdevice*), CUdevice being int.
+    let Some(get) = (unsafe { CTX_GET_DEVICE.typed::<CtxGetDeviceFn>(find) }) else {
+        return -1;
+    };
     let mut dev: c_int = -1;
-    // SAFETY: `p` is the driver's cuCtxGetDevice(CUdevice*), CUdevice being int.
-    let r = unsafe { std::mem::transmute::<*mut c_void, CtxGetDeviceFn>(p)(&mut dev) };
-    if r == 0 {
+    // SAFETY: a valid out-pointer for the driver to fill.
+    if unsafe { get(&mut dev) } == 0 {
         dev
     } else {
         -1

@@ -15,11 +15,11 @@
 //! `pitched`, `bytes3`, the CUDA types) are those in scope in `hooks`, where they become code.
 //!
 //! Besides the list, this module holds the slots of the real functions behind the hooks. It
-//! depends on `resolve` only (to find a real function).
+//! depends on `resolve` (to find a real function) and `lazy` (to keep it).
 
 use std::ffi::{c_void, CStr};
-use std::ptr::null_mut;
-use std::sync::atomic::{AtomicPtr, Ordering};
+
+use crate::lazy::LazyFn;
 
 use gpumemtrace_format::{MemKind, Op};
 
@@ -226,7 +226,7 @@ hook_table!(describe);
 // ---------------------------------------------------------------------------------------------
 // The real functions behind the hooks.
 
-static REAL: [AtomicPtr<c_void>; ALL.len()] = [const { AtomicPtr::new(null_mut()) }; ALL.len()];
+static REAL: [LazyFn; ALL.len()] = [const { LazyFn::new() }; ALL.len()];
 
 impl Id {
     pub fn info(self) -> &'static Hook {
@@ -239,51 +239,25 @@ impl Id {
     }
 }
 
-/// The real function of `id`, found on first use (next definition after this library).
-pub fn real_ptr(id: Id) -> *mut c_void {
-    let slot = &REAL[id as usize];
-    let p = slot.load(Ordering::Acquire);
-    if !p.is_null() {
-        return p;
-    }
-    let found = crate::resolve::next_definition(id.info().c_name());
-    if found.is_null() {
-        return found;
-    }
-    match slot.compare_exchange(null_mut(), found, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => found,
-        Err(winner) => winner,
-    }
-}
-
 /// The real function of `id` typed as `F`.
 ///
 /// # Safety
 /// `F` must be the function pointer type of `id`'s signature.
 pub unsafe fn real<F: Copy>(id: Id) -> Option<F> {
-    let p = real_ptr(id);
-    if p.is_null() {
-        None
-    } else {
-        // SAFETY: `F` is a function pointer type (caller's contract) and `p` is non-null.
-        Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
-    }
+    // SAFETY: per the contract.
+    unsafe { REAL[id as usize].typed(|| crate::resolve::next_definition(id.info().c_name())) }
 }
 
 /// The real function's address, when the slot is already known (no resolution attempted).
 pub fn known_real(id: Id) -> *mut c_void {
-    REAL[id as usize].load(Ordering::Acquire)
+    REAL[id as usize].known()
 }
 
 /// Routing met the real function behind `id` (through `dlsym` or `cuGetProcAddress`).
 /// Returns false if a different function is already recorded as the real one: then the
 /// caller must not hand out our hook for `p`, since the hook would call the other function.
 pub fn learn_real(id: Id, p: *mut c_void) -> bool {
-    let slot = &REAL[id as usize];
-    match slot.compare_exchange(null_mut(), p, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => true,
-        Err(existing) => existing == p,
-    }
+    REAL[id as usize].learn(p)
 }
 
 #[cfg(test)]
