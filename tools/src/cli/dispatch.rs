@@ -33,7 +33,7 @@ pub fn run(cmd: Cmd) -> Result<u8> {
         }
         Cmd::Run { output, report, command } => {
             let opts: summary::Options = report.into();
-            let lib = run::find_lib().map_err(|e| Error::new(e).status(2))?;
+            let lib = run::find_lib().map_err(|e| e.status(2))?;
             let l = run::Launch { lib, output: output.unwrap_or_else(|| PathBuf::from(".")), command };
             // JSON is for a pipe (`run --json -- cmd | jq`), after the command's own output;
             // text goes to stderr, beside it.
@@ -42,7 +42,7 @@ pub fn run(cmd: Cmd) -> Result<u8> {
             } else {
                 run::launch(&l, &opts, &mut io::stderr().lock())
             };
-            code.map_err(|e| Error::new(e).status(2))
+            code.map_err(|e| e.status(2))
         }
         Cmd::Timeline { sel, output } => timeline_cmd(&sel, output.as_deref()).map(|_| 0),
         Cmd::Flamegraph { sel, of, level, folded, output } => {
@@ -200,7 +200,7 @@ fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: 
     let f = filter(b.device, phase.clone());
     let mut traces = Vec::new();
     for p in &files {
-        let t = crate::model::load(p, &f, &mut ()).map_err(|e| Error::new(e).of("check").status(2))?;
+        let t = crate::model::load(p, &f, &mut ()).map_err(|e| e.of("check").status(2))?;
         warn_outcome(p, &t.outcome);
         traces.push((p, t));
     }

@@ -7,6 +7,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::error::Error;
 use crate::read::input::trace_files;
 use crate::report::summary::{self, Options};
 
@@ -18,14 +19,14 @@ pub struct Launch {
 }
 
 /// The preload library: `$GPUMEMTRACE_LIB`, else where installs put it (crate::shim).
-pub fn find_lib() -> Result<PathBuf, String> {
+pub fn find_lib() -> Result<PathBuf, Error> {
     super::shim::find()
 }
 
 /// Runs the command traced, summarizes new traces to `report` (stderr for text: stdout belongs
 /// to the command; stdout for JSON, after the command's output), and returns the exit code to exit with: the command's own, or 128+N when
 /// signal N killed it.
-pub fn launch(l: &Launch, opts: &Options, report: &mut dyn Write) -> Result<u8, String> {
+pub fn launch(l: &Launch, opts: &Options, report: &mut dyn Write) -> Result<u8, Error> {
     let (program, args) = l.command.split_first().ok_or("no command to run")?;
     std::fs::create_dir_all(&l.output)
         .map_err(|e| format!("cannot create {}: {e}", l.output.display()))?;

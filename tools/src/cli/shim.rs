@@ -16,6 +16,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
+use crate::error::Error;
+
 /// The preload library's file name.
 pub const LIB_NAME: &str = "libgpumemtrace.so";
 
@@ -35,10 +37,10 @@ const EMBEDDED: Option<Embedded> = Some(Embedded {
 const EMBEDDED: Option<Embedded> = None;
 
 /// The preload library for this process: see the module's documentation for the order.
-pub fn find() -> Result<PathBuf, String> {
+pub fn find() -> Result<PathBuf, Error> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate this executable: {e}"))?;
     let env = std::env::var_os("GPUMEMTRACE_LIB");
-    find_from(env.as_deref(), &exe, EMBEDDED.as_ref(), &cache_dirs())
+    Ok(find_from(env.as_deref(), &exe, EMBEDDED.as_ref(), &cache_dirs())?)
 }
 
 /// The places installs put the library, relative to the executable, in the order looked at.

@@ -18,6 +18,7 @@ use super::groups::Groups;
 use super::pool::Pools;
 use super::timeseries::TimeSeries;
 use super::trace::Trace;
+use crate::error::Error;
 use crate::read::filter::Filter;
 use crate::read::input::{display, Input};
 use crate::read::live::{tally, GroupKey, LiveSet, StackUse};
@@ -28,7 +29,7 @@ impl Trace {
     /// Loads a trace from a source that can be opened twice (one per pass). (Reports load
     /// files through [`load`], which adds a progress bar.)
     #[cfg(test)]
-    pub fn load_from<R: Read>(open: impl Fn() -> io::Result<R>) -> Result<Trace, String> {
+    pub fn load_from<R: Read>(open: impl Fn() -> io::Result<R>) -> Result<Trace, Error> {
         Trace::load_with(open, &Filter::default(), &mut ())
     }
 
@@ -39,7 +40,7 @@ impl Trace {
         open: impl Fn() -> io::Result<R>,
         filter: &Filter,
         observe: &mut dyn Observer,
-    ) -> Result<Trace, String> {
+    ) -> Result<Trace, Error> {
         Trace::load_recovering(open, &|| None, filter, observe)
     }
 
@@ -50,7 +51,7 @@ impl Trace {
         recovery: &dyn Fn() -> Option<gpumemtrace_format::recover::Recovery>,
         filter: &Filter,
         observe: &mut dyn Observer,
-    ) -> Result<Trace, String> {
+    ) -> Result<Trace, Error> {
         let mut trace = Trace::default();
 
         // Pass 1: everything but the peak snapshots.
@@ -253,14 +254,14 @@ fn direct_by_stack(live: &LiveSet, pools: &Pools) -> BTreeMap<i32, Vec<StackUse>
 
 /// Loads `path` (`-`: standard input) with a progress bar on stderr (drawn only when stderr is
 /// a terminal and the trace is large enough to wait for).
-pub fn load(path: &Path, filter: &Filter, observe: &mut dyn Observer) -> Result<Trace, String> {
+pub fn load(path: &Path, filter: &Filter, observe: &mut dyn Observer) -> Result<Trace, Error> {
     load_input(&Input::open(path)?, filter, observe)
 }
 
 /// [`load`] from an opened input: a file is read once per pass, a stream was read once into
 /// memory. A trace with nothing readable (an empty file, one that ends inside the header) is an
 /// error: there is nothing to report on, and "no allocations" would say something untrue.
-pub fn load_input(input: &Input, filter: &Filter, observe: &mut dyn Observer) -> Result<Trace, String> {
+pub fn load_input(input: &Input, filter: &Filter, observe: &mut dyn Observer) -> Result<Trace, Error> {
     let len = input.len();
     let bar = if len >= 32 << 20 {
         let b = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
@@ -293,10 +294,10 @@ pub fn load_input(input: &Input, filter: &Filter, observe: &mut dyn Observer) ->
         filter,
         observe,
     )
-    .map_err(|e| format!("{p}: {e}"));
+    .map_err(|e| Error::new(format!("{p}: {e}")));
     bar.finish_and_clear();
     match r {
-        Ok(t) if t.outcome == Outcome::Truncated { offset: 0 } => Err(unreadable(&p, len)),
+        Ok(t) if t.outcome == Outcome::Truncated { offset: 0 } => Err(Error::new(unreadable(&p, len))),
         r => r,
     }
 }

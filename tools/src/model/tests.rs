@@ -445,7 +445,7 @@ fn corrupt_trace_reports_the_offset() {
 #[test]
 fn a_file_that_is_not_a_trace_is_an_error() {
     let err = Trace::load_from(|| Ok(&b"#!/bin/sh\necho hello\n"[..])).unwrap_err();
-    assert!(err.contains("not a gpumemtrace trace"), "{err}");
+    assert!(err.to_string().contains("not a gpumemtrace trace"), "{err}");
 }
 
 #[test]

@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 use gpumemtrace_format::recover::Recovery;
 
+use crate::error::Error;
+
 pub enum Input {
     /// A regular file: read again for each pass. The journal beside it is read once, so every
     /// pass completes the trace alike (a live process's journal moves on meanwhile).
@@ -25,7 +27,7 @@ pub const STDIN: &str = "-";
 
 impl Input {
     /// Opens `path` (`-`: standard input); streams are read to their end here.
-    pub fn open(path: &Path) -> Result<Input, String> {
+    pub fn open(path: &Path) -> Result<Input, Error> {
         let err = |e: io::Error| format!("{}: {e}", display(path));
         if path.as_os_str() == STDIN {
             let mut bytes = Vec::new();
@@ -37,7 +39,7 @@ impl Input {
             return Ok(Input::File { path: path.to_path_buf(), len: meta.len(), recovery: recovery_beside(path).map(Box::new) });
         }
         if meta.is_dir() {
-            return Err(format!("{}: is a directory", path.display()));
+            return Err(Error::new(format!("{}: is a directory", path.display())));
         }
         let mut bytes = Vec::new();
         File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(err)?;
@@ -151,22 +153,22 @@ pub fn traces_of(paths: &[PathBuf], pid: Option<u32>) -> Result<Vec<PathBuf>, St
 }
 
 /// The one trace of `path` (a file, or a directory holding one, or one of process `pid`).
-pub fn one_trace(path: &Path, pid: Option<u32>) -> Result<PathBuf, String> {
+pub fn one_trace(path: &Path, pid: Option<u32>) -> Result<PathBuf, Error> {
     let mut v = traces_of(&[path.to_path_buf()], pid)?;
     if v.len() > 1 {
         let pids: Vec<String> =
             v.iter().map(|p| pid_of(p).map_or_else(|| p.display().to_string(), |n| n.to_string())).collect();
-        return Err(format!("{} holds {} traces: pick one with --pid ({})", path.display(), v.len(), pids.join(", ")));
+        return Err(Error::new(format!("{} holds {} traces: pick one with --pid ({})", path.display(), v.len(), pids.join(", "))));
     }
     Ok(v.remove(0))
 }
 
 /// The one trace of `path` for a command without --pid (diff): several are an error naming them.
-pub fn only_trace(path: &Path) -> Result<PathBuf, String> {
+pub fn only_trace(path: &Path) -> Result<PathBuf, Error> {
     let mut v = traces_of(&[path.to_path_buf()], None)?;
     if v.len() > 1 {
         let names: Vec<String> = v.iter().map(|p| p.display().to_string()).collect();
-        return Err(format!("{} holds {} traces: name the one to compare ({})", path.display(), v.len(), names.join(", ")));
+        return Err(Error::new(format!("{} holds {} traces: name the one to compare ({})", path.display(), v.len(), names.join(", "))));
     }
     Ok(v.remove(0))
 }

@@ -7,6 +7,7 @@ use std::io::{self, IsTerminal, Write};
 use gpumemtrace_format::MemKind;
 use serde::Serialize;
 
+use crate::error::Error;
 use crate::model::Trace;
 use crate::units::{error_label, place, seconds, size};
 
@@ -80,7 +81,7 @@ fn is_memory(kind: MemKind) -> bool {
 
 /// The checks of one trace; an error when a budget cannot be judged on it (a block-level
 /// budget on a trace without blocks: passing it silently would gate nothing).
-pub fn check(path: &str, trace: &Trace, b: &Budgets) -> Result<TraceCheck, String> {
+pub fn check(path: &str, trace: &Trace, b: &Budgets) -> Result<TraceCheck, Error> {
     let mut checks = Vec::new();
     let wanted = |d: i32| b.device.is_none_or(|w| w == d);
     if let Some(limit) = b.max_peak {
