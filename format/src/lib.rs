@@ -216,57 +216,8 @@ mod tests {
         assert!(matches!(Reader::new(&h[..]), Err(ReadError::BadHeader(_))));
     }
 
-    /// Each module of src/ and the modules of this crate it names (`crate::x`, `use crate::{x,
-    /// y::z}`, `super::x`), comments left out (as the shim's test in src/lib.rs does).
-    fn dependencies() -> std::collections::BTreeMap<String, Vec<String>> {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let files: std::collections::BTreeMap<String, String> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "rs") && p.file_name().is_some_and(|n| n != "lib.rs"))
-            .map(|p| (p.file_stem().unwrap().to_string_lossy().into_owned(), std::fs::read_to_string(&p).unwrap()))
-            .collect();
-        let ident = |s: &str| s.trim().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect::<String>();
-        let mut deps = std::collections::BTreeMap::new();
-        for (name, text) in &files {
-            let code: String = text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
-            let mut found = Vec::new();
-            for (i, _) in code.match_indices("crate::") {
-                let rest = &code[i + "crate::".len()..];
-                match rest.strip_prefix('{') {
-                    Some(group) => found.extend(group.split('}').next().unwrap_or("").split(',').map(ident)),
-                    None => found.push(ident(rest)),
-                }
-            }
-            found.retain(|d| d != name && files.contains_key(d));
-            found.sort();
-            found.dedup();
-            deps.insert(name.clone(), found);
-        }
-        deps
-    }
-
-    /// The modules' dependencies point one way (issue 15): header and records at the bottom,
-    /// encode above them, decode above encode and compress.
-    #[test]
-    fn module_dependencies_have_no_cycle() {
-        let deps = dependencies();
-        assert_eq!(deps["header"], Vec::<String>::new());
-        assert_eq!(deps["records"], Vec::<String>::new());
-        assert_eq!(deps["compress"], Vec::<String>::new());
-        assert_eq!(deps["encode"], ["header", "records"]);
-        assert_eq!(deps["decode"], ["compress", "encode", "header", "records"]);
-    }
-
-    #[test]
-    fn no_source_file_is_over_800_lines() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            let n = std::fs::read_to_string(&p).map(|s| s.lines().count()).unwrap_or(0);
-            assert!(n <= 800, "{} has {n} lines: split it (see docs/architecture.md)", p.display());
-        }
-    }
+    // The module rules (layering, no cycle, file sizes): tests/architecture.rs at the
+    // workspace root.
 
     #[test]
     fn memory_kinds_share_namespaces_and_gpu_memory_as_documented() {
