@@ -1,16 +1,19 @@
 //! Growth: which stacks' live bytes keep rising over a run (the classic leak: one line gaining
-//! the same bytes every step). The run is cut into at most [`WINDOWS`] equal time windows
-//! (their width doubles as the run goes on, so memory stays O(stacks)); per stack the minimum
-//! of its live bytes in each window is kept. Temporaries fall back to zero in every window and
-//! weights stay flat; a leak's minimum climbs window after window.
+//! the same bytes every step). Each group's events are cut into at most [`WINDOWS`] windows of
+//! equal event counts (their size doubles as the run goes on, so memory stays O(stacks)); per
+//! stack the minimum of its live bytes in each window is kept. Temporaries fall back to zero in
+//! every window and weights stay flat; a leak's minimum climbs window after window.
+//!
+//! Windows count events, not time: a program that imports for seconds, pauses to compile or
+//! waits on I/O between steps would otherwise put all its steps into one or two windows, and
+//! the verdict would depend on the run's timing.
 
 use rustc_hash::FxHashMap;
 
 use crate::read::live::GroupKey;
 
-/// Windows kept at most; when time passes the last one, pairs are merged.
+/// Windows kept at most; when the events pass the last one, pairs are merged.
 pub const WINDOWS: usize = 32;
-const FIRST_WINDOW_NS: u64 = 1_000;
 
 #[derive(Default)]
 struct Trend {
@@ -19,12 +22,13 @@ struct Trend {
     mins: Vec<u64>,
 }
 
-/// One group's windows. They start at the group's first event: a Python program may spend
-/// seconds importing before its first allocation, and a training loop can take a fraction of
-/// the run; windows over the whole run would put every step into one.
+/// One group's windows (a group's own events: another device's do not move its windows).
 struct GroupTrends {
-    start_ns: u64,
-    window_ns: u64,
+    /// Events of the group so far, and per window.
+    events: u64,
+    window_events: u64,
+    /// Time of the last event of each window so far.
+    ends: Vec<u64>,
     trends: FxHashMap<u32, Trend>,
 }
 
@@ -43,16 +47,22 @@ pub struct StackTrend {
 impl Growth {
     /// `stack`'s live bytes in group `key` rose (`alloc`) or fell by `bytes` at `t`.
     pub fn change(&mut self, key: GroupKey, stack: u32, t: u64, alloc: bool, bytes: u64) {
-        let g = self
-            .groups
-            .entry(key)
-            .or_insert_with(|| GroupTrends { start_ns: t, window_ns: FIRST_WINDOW_NS, trends: FxHashMap::default() });
-        let rel = t.saturating_sub(g.start_ns);
-        let mut w = (rel / g.window_ns) as usize;
+        let g = self.groups.entry(key).or_insert_with(|| GroupTrends {
+            events: 0,
+            window_events: 1,
+            ends: Vec::new(),
+            trends: FxHashMap::default(),
+        });
+        let mut w = (g.events / g.window_events) as usize;
         while w >= WINDOWS {
             g.merge();
-            w = (rel / g.window_ns) as usize;
+            w = (g.events / g.window_events) as usize;
         }
+        g.events += 1;
+        if g.ends.len() <= w {
+            g.ends.resize(w + 1, t);
+        }
+        g.ends[w] = t;
         let tr = g.trends.entry(stack).or_default();
         let before = tr.live;
         tr.live = if alloc { before + bytes } else { before.saturating_sub(bytes) };
@@ -62,15 +72,16 @@ impl Growth {
         tr.mins[w] = tr.mins[w].min(tr.live);
     }
 
-    /// Stacks of each group whose minimum rose from the first window to the last one before
-    /// `end_ns` (a Python program's end, where the interpreter's shutdown frees everything; or
-    /// the end of the trace), with their per-window minimums over those windows.
+    /// Stacks of each group whose minimum rose from the first window to the last one whose
+    /// events all came before `end_ns` (a Python program's end, after which the interpreter's
+    /// shutdown frees everything; or the end of the trace), with their per-window minimums
+    /// over those windows.
     pub fn finish(self, end_ns: u64) -> FxHashMap<GroupKey, Vec<StackTrend>> {
         let mut out: FxHashMap<GroupKey, Vec<StackTrend>> = FxHashMap::default();
         for (key, g) in self.groups {
-            // The window holding `end_ns` is cut short (and, at a Python exit, includes the
-            // shutdown's frees): only whole windows before it count, unless that is all there is.
-            let n = ((end_ns.saturating_sub(g.start_ns) / g.window_ns) as usize).clamp(1, WINDOWS);
+            // A window that reaches past `end_ns` includes the shutdown's frees: only windows
+            // wholly before it count, unless that is none.
+            let n = g.ends.iter().take_while(|&&e| e <= end_ns).count().max(1);
             let mut v = Vec::new();
             for (stack, mut tr) in g.trends {
                 if tr.mins.len() < n {
@@ -93,7 +104,8 @@ impl Growth {
 
 impl GroupTrends {
     fn merge(&mut self) {
-        self.window_ns *= 2;
+        self.window_events *= 2;
+        self.ends = self.ends.chunks(2).map(|c| c[c.len() - 1]).collect();
         for tr in self.trends.values_mut() {
             tr.mins = tr.mins.chunks(2).map(|c| c.iter().copied().min().unwrap_or(0)).collect();
         }
@@ -136,6 +148,37 @@ mod tests {
         let (first, last, rises) = growing(&trends[1].mins).unwrap();
         assert!(first <= 8 && last >= 8 * 18 && rises >= 10, "{:?}", trends[1].mins);
         assert!(trends[1].mins.len() <= WINDOWS);
+    }
+
+    /// The classic leak of issue 11: 12 steps, each keeping the graph (stack 3) among many
+    /// temporaries. The verdict must not depend on when the steps ran: after a 6 s import, with
+    /// a pause in the middle, or evenly spread.
+    #[test]
+    fn the_verdict_depends_on_the_order_of_events_not_on_their_timing() {
+        let run = |time_of_step: &dyn Fn(u64) -> u64| {
+            let mut g = Growth::default();
+            g.change(KEY, 1, 0, true, 1000); // weights
+            for s in 0..12u64 {
+                let t = time_of_step(s);
+                for k in 0..40 {
+                    g.change(KEY, 2, t + 2 * k, true, 64); // temporaries
+                    g.change(KEY, 2, t + 2 * k + 1, false, 64);
+                }
+                g.change(KEY, 3, t + 100, true, 512); // the graph kept
+            }
+            // Interpreter shutdown after the program's end frees everything.
+            let end = time_of_step(12);
+            g.change(KEY, 3, end + 1, false, 12 * 512);
+            g.change(KEY, 1, end + 2, false, 1000);
+            g.finish(end)
+        };
+        let even = run(&|s| 1_000_000 + s * 1_000_000);
+        let late = run(&|s| 6_000_000_000 + s * 1_000 + if s >= 6 { 1_000_000_000 } else { 0 });
+        assert_eq!(even, late);
+        let leak = even[&KEY].iter().find(|t| t.stack == 3).expect("the leak is a candidate");
+        let (first, last, rises) = growing(&leak.mins).expect("the leak grows");
+        assert!(first <= 512 && last >= 10 * 512 && rises >= 5, "{:?}", leak.mins);
+        assert!(even[&KEY].iter().all(|t| t.stack != 2), "temporaries are not growth");
     }
 
     #[test]
