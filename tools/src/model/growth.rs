@@ -18,8 +18,11 @@ pub const WINDOWS: usize = 32;
 #[derive(Default)]
 struct Trend {
     live: u64,
+    live_count: u64,
     /// Minimum of live bytes per window, from window 0.
     mins: Vec<u64>,
+    /// Live allocations at the end of each window.
+    counts: Vec<u64>,
 }
 
 /// One group's windows (a group's own events: another device's do not move its windows).
@@ -42,6 +45,8 @@ pub struct Growth {
 pub struct StackTrend {
     pub stack: u32,
     pub mins: Vec<u64>,
+    /// Allocations of the stack live at the end of the last window counted.
+    pub live_count: u64,
 }
 
 impl Growth {
@@ -64,12 +69,15 @@ impl Growth {
         }
         g.ends[w] = t;
         let tr = g.trends.entry(stack).or_default();
-        let before = tr.live;
+        let (before, before_count) = (tr.live, tr.live_count);
         tr.live = if alloc { before + bytes } else { before.saturating_sub(bytes) };
+        tr.live_count = if alloc { before_count + 1 } else { before_count.saturating_sub(1) };
         if tr.mins.len() <= w {
             tr.mins.resize(w + 1, before);
+            tr.counts.resize(w + 1, before_count);
         }
         tr.mins[w] = tr.mins[w].min(tr.live);
+        tr.counts[w] = tr.live_count;
     }
 
     /// Stacks of each group whose minimum rose from the first window to the last one whose
@@ -85,12 +93,12 @@ impl Growth {
             let mut v = Vec::new();
             for (stack, mut tr) in g.trends {
                 if tr.mins.len() < n {
-                    let live = tr.live;
-                    tr.mins.resize(n, live);
+                    tr.mins.resize(n, tr.live);
+                    tr.counts.resize(n, tr.live_count);
                 }
                 tr.mins.truncate(n);
                 if tr.mins.last() > tr.mins.first() {
-                    v.push(StackTrend { stack, mins: tr.mins });
+                    v.push(StackTrend { stack, mins: tr.mins, live_count: tr.counts[n - 1] });
                 }
             }
             if !v.is_empty() {
@@ -108,6 +116,7 @@ impl GroupTrends {
         self.ends = self.ends.chunks(2).map(|c| c[c.len() - 1]).collect();
         for tr in self.trends.values_mut() {
             tr.mins = tr.mins.chunks(2).map(|c| c.iter().copied().min().unwrap_or(0)).collect();
+            tr.counts = tr.counts.chunks(2).map(|c| c[c.len() - 1]).collect();
         }
     }
 }
@@ -178,6 +187,8 @@ mod tests {
         let leak = even[&KEY].iter().find(|t| t.stack == 3).expect("the leak is a candidate");
         let (first, last, rises) = growing(&leak.mins).expect("the leak grows");
         assert!(first <= 512 && last >= 10 * 512 && rises >= 5, "{:?}", leak.mins);
+        // The window with the last step also holds the shutdown's frees, so it does not count.
+        assert_eq!(leak.live_count * 512, *leak.mins.last().unwrap(), "one graph per step is live at the last window");
         assert!(even[&KEY].iter().all(|t| t.stack != 2), "temporaries are not growth");
     }
 

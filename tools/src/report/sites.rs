@@ -95,21 +95,23 @@ pub struct GrowthSite {
 /// summed per site (`frames` frames shown, as in [`sites_by`]), then judged by [`growth::growing`].
 pub fn growth_sites(trends: &[StackTrend], trace: &Trace, sym: &mut TraceSymbolizer, frames: usize) -> Vec<GrowthSite> {
     let mut index: HashMap<SiteKey, usize> = HashMap::new();
-    let mut acc: Vec<(Located, Vec<u64>)> = Vec::new();
+    // Per site: where, the summed minimums, live allocations at the end.
+    let mut acc: Vec<(Located, Vec<u64>, u64)> = Vec::new();
     for t in trends {
         let located = locate(trace, sym, t.stack);
         let key = site_key(&located, t.stack, frames);
         let i = *index.entry(key).or_insert_with(|| {
-            acc.push((located, vec![0; t.mins.len()]));
+            acc.push((located, vec![0; t.mins.len()], 0));
             acc.len() - 1
         });
         for (a, m) in acc[i].1.iter_mut().zip(&t.mins) {
             *a += m;
         }
+        acc[i].2 += t.live_count;
     }
     let mut out: Vec<GrowthSite> = acc
         .into_iter()
-        .filter_map(|(l, mins)| {
+        .filter_map(|(l, mins, count)| {
             let (first, last, rises) = growth::growing(&mins)?;
             let Located { site, frames, site_index, thread, op, during_backward } = l;
             Some(GrowthSite {
@@ -118,7 +120,7 @@ pub fn growth_sites(trends: &[StackTrend], trace: &Trace, sym: &mut TraceSymboli
                 last_bytes: last,
                 rising_windows: rises,
                 windows: mins.len(),
-                site: Site { bytes: last, count: 0, site, frames, site_index, thread, op, during_backward },
+                site: Site { bytes: last, count, site, frames, site_index, thread, op, during_backward },
             })
         })
         .collect();
