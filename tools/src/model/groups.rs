@@ -1,5 +1,5 @@
 //! The model's statistics per device and memory kind, as an observer of the replay: how much was
-//! allocated and freed, peaks (and at which event, for the snapshot of the second pass),
+//! allocated and freed, peaks (and what was live then, see `snapshots`),
 //! failures with what was live when they failed, bad frees. It keeps the caching allocator's
 //! pools (see `pool`) and the growth of stacks (see `growth`) with them, as a failure records
 //! the pool of its device.
@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use super::growth::Growth;
 use super::pool::Pools;
+use super::snapshots::Snapshots;
 use super::trace::{BadFree, DeviceTotal, Failure, Group};
 use crate::read::live::GroupKey;
 use crate::read::replay::{Observer, Step, StepKind};
@@ -16,7 +17,6 @@ use crate::read::replay::{Observer, Step, StepKind};
 /// have one per event, and memory must not grow with the event count.
 pub const MAX_BAD_FREES: usize = 100_000;
 
-#[derive(Default)]
 pub struct Groups {
     pub groups: BTreeMap<GroupKey, Group>,
     pub devices: BTreeMap<i32, DeviceTotal>,
@@ -27,6 +27,23 @@ pub struct Groups {
     pub pools: Pools,
     /// Live bytes per stack over time.
     pub growth: Growth,
+    /// What was live by stack at each group's peak, the last failure, the Python exit.
+    pub snapshots: Snapshots,
+}
+
+impl Default for Groups {
+    fn default() -> Groups {
+        Groups {
+            groups: BTreeMap::new(),
+            devices: BTreeMap::new(),
+            failures: Vec::new(),
+            bad_frees: Vec::new(),
+            bad_frees_omitted: 0,
+            pools: Pools::tracking_direct_memory(),
+            growth: Growth::default(),
+            snapshots: Snapshots::default(),
+        }
+    }
 }
 
 impl Groups {
@@ -54,16 +71,21 @@ impl Groups {
 impl Observer for Groups {
     fn step(&mut self, s: &Step) {
         self.pools.apply(s);
+        for (device, stack, rose, bytes) in self.pools.take_direct_changes() {
+            self.snapshots.direct_change(device, stack, rose, bytes);
+        }
         let key = s.key;
         match s.kind {
             StepKind::Alloc => {
-                let g = self.group(key);
+                self.snapshots.change(key, s.alloc_stack, true, s.size);
+                let g = self.groups.entry(key).or_default();
                 g.allocations += 1;
                 g.allocated_bytes += s.size;
                 if s.group_live > g.peak_bytes {
                     g.peak_bytes = s.group_live;
                     g.peak_time_ns = s.time_ns;
                     g.peak_event = Some(s.ordinal);
+                    self.snapshots.peak(key);
                 }
                 if key.kind.occupies_gpu() {
                     let d = self.devices.entry(key.device).or_default();
@@ -90,9 +112,13 @@ impl Observer for Groups {
                     stack: e.stack,
                     live_bytes_on_device: s.device_live,
                 });
+                if self.failures.last().is_some_and(|f| f.class() == crate::units::Failed::OutOfMemory) {
+                    self.snapshots.failure();
+                }
             }
             StepKind::Free => {
                 self.group(key).frees += 1;
+                self.snapshots.change(key, s.alloc_stack, false, s.size);
                 self.growth.change(key, s.alloc_stack, s.time_ns, false, s.size);
             }
             StepKind::BadFree => self.bad_free(s),

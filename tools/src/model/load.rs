@@ -1,9 +1,9 @@
 //! Loading a trace into the model.
 //!
-//! Loading streams the file twice rather than keeping its events: memory stays proportional
-//! to the live set (plus the interned stacks), however long the trace. Pass 1 replays
-//! everything with the model's observers and notes at which event each group peaks; pass 2
-//! replays up to the last of those events and snapshots the live set of each group at its peak.
+//! Loading streams the file once rather than keeping its events: memory stays proportional to
+//! the live set (plus the interned stacks), however long the trace. What was live at moments
+//! known only later (each group's peak, the last out-of-memory failure, the Python program's
+//! end) is kept by stack as the replay goes (`snapshots`), so one pass is enough.
 
 use std::collections::BTreeMap;
 use std::io::{self, BufReader, Read};
@@ -16,6 +16,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use super::autograd::Backward;
 use super::groups::Groups;
 use super::pool::Pools;
+use super::snapshots::Moment;
 use super::timeseries::TimeSeries;
 use super::trace::Trace;
 use crate::error::Error;
@@ -26,7 +27,7 @@ use crate::read::records::{for_each_record, Outcome};
 use crate::read::replay::{All, Observer, Replay};
 
 impl Trace {
-    /// Loads a trace from a source that can be opened twice (one per pass). (Reports load
+    /// Loads a trace from a source (opened once). (Reports load
     /// files through [`load`], which adds a progress bar.)
     #[cfg(test)]
     pub fn load_from<R: Read>(open: impl Fn() -> io::Result<R>) -> Result<Trace, Error> {
@@ -34,7 +35,7 @@ impl Trace {
     }
 
     /// Loads a trace counting only the events `filter` admits, and shows every admitted
-    /// event to `observe` (pass 1 only), in trace order, after the model's own observers.
+    /// event to `observe`, in trace order, after the model's own observers.
     #[cfg(test)]
     pub fn load_with<R: Read>(
         open: impl Fn() -> io::Result<R>,
@@ -44,7 +45,7 @@ impl Trace {
         Trace::load_recovering(open, &|| None, filter, observe)
     }
 
-    /// [`Trace::load_with`], each pass completed by what `recovery` gives (the journal of a
+    /// [`Trace::load_with`], completed by what `recovery` gives (the journal of a
     /// process that did not finish its trace).
     pub fn load_recovering<R: Read>(
         open: impl Fn() -> io::Result<R>,
@@ -54,8 +55,9 @@ impl Trace {
     ) -> Result<Trace, Error> {
         let mut trace = Trace::default();
 
-        // Pass 1: everything but the peak snapshots.
-        let (mut python_main_seen, mut python_exit): (bool, Option<(u64, u64)>) = (false, None);
+        // One pass: the snapshots of moments known only later are kept lazily (`snapshots`).
+        let (mut python_main_seen, mut python_exit): (bool, Option<u64>) = (false, None);
+        let mut exit_totals: Vec<(GroupKey, (u64, u64))> = Vec::new();
         let mut replay = Replay::new(filter, true);
         let mut groups = Groups::default();
         let mut series = TimeSeries::default();
@@ -78,16 +80,22 @@ impl Trace {
                     e.pystack = backward.attribute(&e, is_alloc, &trace.py_codes, &trace.py_stacks);
                     e.stack = trace.stack_key(&e);
                     trace.stack_tid.entry(e.stack).or_insert(e.tid);
-                    if !replay.apply(&e, &mut All(&mut [&mut groups, &mut series, observe])) {
-                        trace.unknown_api_events += 1;
-                    }
+                    // The Python program ended before the first event of its main thread with
+                    // no Python frame (the interpreter's shutdown): what was live just before
+                    // it is what the program left. The latest such moment counts.
                     if trace.process.as_ref().is_some_and(|p| p.pid == e.tid) {
                         if own_python {
                             python_main_seen = true;
                             python_exit = None;
-                        } else if python_main_seen && python_exit.is_none() {
-                            python_exit = Some((replay.ordinal().saturating_sub(1), e.time_ns));
+                        } else if python_main_seen && python_exit.is_none() && replay.ordinal() > 0 {
+                            python_exit = Some(e.time_ns);
+                            groups.snapshots.python_exit();
+                            exit_totals = replay.groups().iter().map(|(k, &v)| (*k, v)).collect();
+                            trace.pools_at_python_exit = groups.pools.by_device.clone();
                         }
+                    }
+                    if !replay.apply(&e, &mut All(&mut [&mut groups, &mut series, observe])) {
+                        trace.unknown_api_events += 1;
                     }
                 }
                 Record::Notice(n) => trace.notices.push(n),
@@ -107,88 +115,34 @@ impl Trace {
             ControlFlow::Continue(())
         })?;
 
-        // Pass 2: replay again up to the last peak, snapshotting each group at its own.
-        let mut snapshot_at: BTreeMap<u64, Vec<GroupKey>> = BTreeMap::new();
-        for (key, g) in &groups.groups {
-            if let Some(n) = g.peak_event {
-                snapshot_at.entry(n).or_default().push(*key);
-            }
+        for (key, g) in groups.groups.iter_mut() {
+            g.peak_stacks = groups.snapshots.at(Moment::Peak, *key);
         }
-        // And the live set on the device of the last allocation that ran out of memory, as it
+        // The live set on the device of the last allocation that ran out of memory, as it
         // failed (other errors, a capability probe, say nothing about what was live).
-        let failure_at = groups
-            .failures
-            .iter()
-            .rev()
-            .find(|f| f.class() == crate::units::Failed::OutOfMemory)
-            .map(|f| (f.ordinal, f.device));
-        let failure_keys: Vec<GroupKey> = match failure_at {
-            Some((_, device)) => {
-                let mut keys: Vec<GroupKey> = groups
-                    .groups
-                    .keys()
-                    .filter(|k| k.device == device && (k.kind.occupies_gpu() || k.kind == MemKind::Block))
-                    .copied()
-                    .collect();
-                // Blocks first: the program's tensors, then the memory they lie in.
-                keys.sort_by_key(|k| k.kind != MemKind::Block);
-                keys
-            }
-            None => Vec::new(),
-        };
-        let python_exit = python_exit.filter(|&(n, _)| n > 0);
-        trace.python_exit_ns = python_exit.map(|(_, t)| t);
-        let mut at_python_exit: Vec<(GroupKey, u64, u64, Vec<StackUse>)> = Vec::new();
-        let mut direct_at_python_exit: BTreeMap<i32, Vec<StackUse>> = BTreeMap::new();
-        let last_snapshot =
-            snapshot_at.keys().next_back().copied().max(failure_at.map(|f| f.0)).max(python_exit.map(|p| p.0));
-        if let Some(last) = last_snapshot {
-            let mut again = Replay::new(filter, false);
-            let mut pools = Pools::default();
-            let mut backward = Backward::default();
-            // Errors were reported by pass 1, and pass 2 stops before reaching them.
-            let _ = for_each_record(open().map_err(|e| e.to_string())?, recovery(), |rec| {
-                match rec {
-                    // Api records are tracked as they come so both passes replay the same events.
-                    Record::Api(a) => again.api(a),
-                    Record::Phase(p) => again.phase(&p),
-                    Record::Event(mut e) => {
-                        let is_alloc = again.api_of(e.api).is_some_and(|a| a.op == Op::Alloc);
-                        e.pystack = backward.attribute(&e, is_alloc, &trace.py_codes, &trace.py_stacks);
-                        if e.pystack != 0 {
-                            // Every pair was seen by pass 1.
-                            e.stack = trace.combined_ids.get(&(e.stack, e.pystack)).copied().unwrap_or(e.stack);
-                        }
-                        if again.apply(&e, &mut pools) {
-                            let n = again.ordinal();
-                            for key in snapshot_at.get(&n).into_iter().flatten() {
-                                groups.group(*key).peak_stacks = again.live().by_stack(*key);
-                            }
-                            if python_exit.is_some_and(|(p, _)| p == n) {
-                                at_python_exit = again
-                                    .groups()
-                                    .iter()
-                                    .map(|(k, &(bytes, count))| (*k, bytes, count, again.live().by_stack(*k)))
-                                    .collect();
-                                trace.pools_at_python_exit = pools.by_device.clone();
-                                direct_at_python_exit = direct_by_stack(again.live(), &pools);
-                            }
-                            if failure_at.is_some_and(|(f, _)| f == n) {
-                                trace.last_failure_live = failure_keys
-                                    .iter()
-                                    .map(|&k| (k, again.live().by_stack(k)))
-                                    .filter(|(_, v)| !v.is_empty())
-                                    .collect();
-                            }
-                            if n >= last {
-                                return ControlFlow::Break(());
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-                ControlFlow::Continue(())
-            });
+        let failure_device = groups.failures.iter().rev().find(|f| f.class() == crate::units::Failed::OutOfMemory).map(|f| f.device);
+        if let Some(device) = failure_device {
+            let mut keys: Vec<GroupKey> = groups
+                .groups
+                .keys()
+                .filter(|k| k.device == device && (k.kind.occupies_gpu() || k.kind == MemKind::Block))
+                .copied()
+                .collect();
+            // Blocks first: the program's tensors, then the memory they lie in.
+            keys.sort_by_key(|k| k.kind != MemKind::Block);
+            trace.last_failure_live = keys
+                .into_iter()
+                .map(|k| (k, groups.snapshots.at(Moment::Failure, k)))
+                .filter(|(_, v)| !v.is_empty())
+                .collect();
+        }
+        trace.python_exit_ns = python_exit;
+        let at_python_exit: Vec<(GroupKey, u64, u64, Vec<StackUse>)> = exit_totals
+            .into_iter()
+            .map(|(k, (bytes, count))| (k, bytes, count, groups.snapshots.at(Moment::PythonExit, k)))
+            .collect();
+        if python_exit.is_none() {
+            trace.pools_at_python_exit = BTreeMap::new();
         }
 
         // Allocations displaced at their address and never freed: the trace missed a free.
@@ -215,8 +169,13 @@ impl Trace {
                 g.leak_stacks = stacks;
             }
         }
-        trace.direct_leak_stacks =
-            if python_exit.is_some() { direct_at_python_exit } else { direct_by_stack(replay.live(), &groups.pools) };
+        trace.direct_leak_stacks = if python_exit.is_some() {
+            let mut direct = groups.snapshots.direct_at_python_exit();
+            direct.retain(|device, _| trace.pools_at_python_exit.contains_key(device));
+            direct
+        } else {
+            direct_by_stack(replay.live(), &groups.pools)
+        };
         let growth_end = trace.python_exit_ns.unwrap_or(replay.last_ns());
         trace.growth = std::mem::take(&mut groups.growth).finish(growth_end);
         trace.pools = std::mem::take(&mut groups.pools.by_device);
@@ -258,7 +217,7 @@ pub fn load(path: &Path, filter: &Filter, observe: &mut dyn Observer) -> Result<
     load_input(&Input::open(path)?, filter, observe)
 }
 
-/// [`load`] from an opened input: a file is read once per pass, a stream was read once into
+/// [`load`] from an opened input: a file is streamed, a stream was read once into
 /// memory. A trace with nothing readable (an empty file, one that ends inside the header) is an
 /// error: there is nothing to report on, and "no allocations" would say something untrue.
 pub fn load_input(input: &Input, filter: &Filter, observe: &mut dyn Observer) -> Result<Trace, Error> {
@@ -279,15 +238,10 @@ pub fn load_input(input: &Input, filter: &Filter, observe: &mut dyn Observer) ->
         Some(n) => n.to_string_lossy().into_owned(),
         None => p.clone(),
     };
-    let pass = std::cell::Cell::new(0);
     let r = Trace::load_recovering(
         || {
-            pass.set(pass.get() + 1);
             bar.set_position(0);
-            bar.set_message(match pass.get() {
-                1 => format!("reading {name}"),
-                _ => format!("peaks of {name}"),
-            });
+            bar.set_message(format!("reading {name}"));
             input.reader().map(|r| BufReader::with_capacity(1 << 20, bar.wrap_read(r)))
         },
         &|| input.recovery(),

@@ -21,7 +21,14 @@ struct Range {
     device: i32,
     /// A block was placed in it: it belongs to the allocator's pool.
     pool: bool,
+    /// A device allocation (not a VMM mapping), and the stack that made it: until it joins the
+    /// pool, direct driver memory.
+    device_alloc: bool,
+    stack: u32,
 }
+
+/// Direct device memory of a stack rose (`true`) or fell by a range: (device, stack, rose, bytes).
+pub type DirectChange = (i32, u32, bool, u64);
 
 /// The allocator's own counters as it reported them with its blocks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -58,13 +65,18 @@ pub struct Pool {
 pub struct Pools {
     ranges: BTreeMap<u64, Range>,
     pub by_device: BTreeMap<i32, Pool>,
+    /// What the last step did to direct device memory (see [`Pools::take_direct_changes`]),
+    /// kept only when someone takes them.
+    direct_changes: Vec<DirectChange>,
+    track_direct: bool,
 }
 
 impl Pools {
     /// Follows one step of the replay; false for a block that lay in no known driver range.
     pub fn apply(&mut self, s: &Step) -> bool {
         match (s.kind, s.key.kind) {
-            (StepKind::Alloc, MemKind::Device | MemKind::VmmMapped) => self.range_added(s.addr, s.size, s.key.device),
+            (StepKind::Alloc, MemKind::Device) => self.device_range_added(s.addr, s.size, s.key.device, s.alloc_stack),
+            (StepKind::Alloc, MemKind::VmmMapped) => self.range_added(s.addr, s.size, s.key.device),
             (StepKind::Alloc, MemKind::Block) => return self.block_allocated(s.event),
             (StepKind::Free, MemKind::Device | MemKind::VmmMapped) => self.range_removed(s.addr, s.size),
             (StepKind::Free, MemKind::Block) => self.block_freed(s.event, s.key.device, s.size),
@@ -73,16 +85,54 @@ impl Pools {
         true
     }
 
-    /// A driver range came to life (a device allocation or a mapping).
+    /// A driver range came to life (a mapping).
     pub fn range_added(&mut self, addr: u64, size: u64, device: i32) {
-        if size > 0 {
-            self.ranges.insert(addr, Range { end: addr.saturating_add(size), device, pool: false });
+        self.insert(addr, Range { end: addr.saturating_add(size), device, pool: false, device_alloc: false, stack: 0 });
+    }
+
+    /// A device allocation came to life: direct memory until a block lies in it.
+    fn device_range_added(&mut self, addr: u64, size: u64, device: i32, stack: u32) {
+        if self.insert(addr, Range { end: addr.saturating_add(size), device, pool: false, device_alloc: true, stack }) {
+            self.direct((device, stack, true, size));
+        }
+    }
+
+    fn insert(&mut self, addr: u64, r: Range) -> bool {
+        if r.end == addr {
+            return false;
+        }
+        if let Some(old) = self.ranges.insert(addr, r) {
+            self.left(addr, old); // displaced: the trace missed its free
+        }
+        true
+    }
+
+    /// Pools that keep their direct memory changes for [`Pools::take_direct_changes`].
+    pub fn tracking_direct_memory() -> Pools {
+        Pools { track_direct: true, ..Pools::default() }
+    }
+
+    /// Direct memory changes since the last call (they happen in `apply`).
+    pub fn take_direct_changes(&mut self) -> std::vec::Drain<'_, DirectChange> {
+        self.direct_changes.drain(..)
+    }
+
+    fn direct(&mut self, change: DirectChange) {
+        if self.track_direct {
+            self.direct_changes.push(change);
+        }
+    }
+
+    fn left(&mut self, addr: u64, r: Range) {
+        if r.device_alloc && !r.pool {
+            self.direct((r.device, r.stack, false, r.end - addr));
         }
     }
 
     /// A driver range went away; a segment's bytes leave the reserved count.
     pub fn range_removed(&mut self, addr: u64, size: u64) {
         if let Some(r) = self.ranges.remove(&addr) {
+            self.left(addr, r);
             if r.pool {
                 if let Some(p) = self.by_device.get_mut(&r.device) {
                     p.reserved = p.reserved.saturating_sub(size);
@@ -102,6 +152,7 @@ impl Pools {
         let (start, end) = (e.addr, e.addr.saturating_add(e.size));
         let mut placed = false;
         let mut newly: Vec<(i32, u64)> = Vec::new();
+        let mut direct = self.track_direct.then_some(&mut self.direct_changes);
         // The range holding `start`, then any that follow it inside the block (a block of
         // expandable segments may span several mapped pages).
         let first = self.ranges.range(..=start).next_back().map(|(&a, _)| a);
@@ -121,6 +172,9 @@ impl Pools {
             if !r.pool {
                 r.pool = true;
                 newly.push((r.device, r.end - a));
+                if let Some(d) = direct.as_mut().filter(|_| r.device_alloc) {
+                    d.push((r.device, r.stack, false, r.end - a));
+                }
             }
             cursor = r.end.max(a + 1);
         }
