@@ -154,6 +154,8 @@ Examples:
         /// Print JSON instead of text
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        scope: Scope,
     },
     /// What changed between two runs: peaks, leaks, bytes per call site
     ///
@@ -180,6 +182,8 @@ Examples:
         /// Only allocations made in this phase
         #[arg(long, value_name = "NAME")]
         phase: Option<String>,
+        #[command(flatten)]
+        scope: Scope,
     },
     /// Allocations per phase (gpumemtrace_push/mark, NVTX ranges) and memory group
     #[command(after_help = "\
@@ -253,6 +257,30 @@ pub struct Select {
     /// Only allocations made in this phase (and their frees)
     #[arg(long, value_name = "NAME")]
     pub phase: Option<String>,
+    #[command(flatten)]
+    pub scope: Scope,
+}
+
+/// `--module`, `--from`, `--to`: the filters every report that reads a trace takes.
+#[derive(Args, Clone, Default)]
+pub struct Scope {
+    /// Only allocations whose stack has a frame in a module (shared object, executable or
+    /// Python file) whose file name contains NAME
+    #[arg(long, value_name = "NAME")]
+    pub module: Option<String>,
+    /// Only allocations made at or after this time since tracing started (1.5s, 300ms)
+    #[arg(long, value_name = "TIME", value_parser = crate::read::filter::parse_time)]
+    pub from: Option<u64>,
+    /// Only allocations made before this time since tracing started
+    #[arg(long, value_name = "TIME", value_parser = crate::read::filter::parse_time)]
+    pub to: Option<u64>,
+}
+
+impl Scope {
+    /// The filter of these options and `device`, `phase`.
+    pub fn filter(&self, device: Option<i32>, phase: Option<String>) -> crate::read::filter::Filter {
+        crate::read::filter::Filter { device, phase, module: self.module.clone(), from_ns: self.from, to_ns: self.to }
+    }
 }
 
 #[derive(Args)]
@@ -272,6 +300,12 @@ pub struct ReportArgs {
     /// Only allocations made in this phase (NVTX range or gpumemtrace_push/mark name)
     #[arg(long, value_name = "NAME")]
     pub phase: Option<String>,
+    #[command(flatten)]
+    pub scope: Scope,
+    /// Temporary allocations: freed by the thread that made them with at most N of its other
+    /// allocations in between (memray's --temporary-allocation-threshold)
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub temporary_threshold: usize,
 }
 
 impl From<ReportArgs> for summary::Options {
@@ -280,6 +314,8 @@ impl From<ReportArgs> for summary::Options {
             json: a.json,
             top: a.top,
             frames: a.frames.max(1),
+            filter: a.scope.filter(a.device, a.phase.clone()),
+            temporary_threshold: a.temporary_threshold,
             device: a.device,
             phase: a.phase,
         }

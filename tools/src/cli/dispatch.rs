@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use super::args::{Cmd, ExportFormat, Select};
+use super::args::{Cmd, ExportFormat, Scope, Select};
 use super::run;
 use crate::error::{json_error, Error, Result};
 use crate::read::input::{self, one_trace, only_trace, traces_of};
@@ -50,16 +50,16 @@ pub fn run(cmd: Cmd) -> Result<u8> {
         }
         Cmd::Export { sel, format, of, level, output } => export_cmd(&sel, format, (of, level), output.as_deref()).map(|_| 0),
         Cmd::Phases { sel, json } => phases_cmd(&sel, json).map(|_| 0),
-        Cmd::Check { traces, max_peak, max_leaked, max_failed, max_allocated, max_reserved, device, phase, pid, json } => {
+        Cmd::Check { traces, max_peak, max_leaked, max_failed, max_allocated, max_reserved, device, phase, pid, json, scope } => {
             let b = check::Budgets { max_peak, max_leaked, max_failed, max_allocated, max_reserved, device };
-            check_cmd(&traces, &b, phase, pid, json)
+            check_cmd(&traces, &b, phase, pid, json, &scope)
         }
-        Cmd::Diff { a, b, json, top, device, phase } => diff_cmd(&a, &b, json, top, device, phase).map(|_| 0),
+        Cmd::Diff { a, b, json, top, device, phase, scope } => diff_cmd(&a, &b, json, top, device, phase, &scope).map(|_| 0),
     }
 }
 
-fn filter(device: Option<i32>, phase: Option<String>) -> Filter {
-    Filter { device, phase }
+fn filter(sel: &Select) -> Filter {
+    sel.scope.filter(sel.device, sel.phase.clone())
 }
 
 fn load(path: &Path, f: &Filter, observe: &mut dyn Observer) -> Result<Trace> {
@@ -117,7 +117,7 @@ fn output(path: Option<&Path>, write: impl FnOnce(&mut dyn Write) -> io::Result<
 
 fn timeline_cmd(sel: &Select, out: Option<&Path>) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
-    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut ())?;
+    let t = load(&path, &filter(sel), &mut ())?;
     let html = out.is_some_and(|p| p.extension().is_some_and(|e| e == "html" || e == "htm"));
     let page = timeline::render(&t, sel.device, html);
     output(out, |w| w.write_all(page.as_bytes()))
@@ -125,7 +125,7 @@ fn timeline_cmd(sel: &Select, out: Option<&Path>) -> Result<()> {
 
 fn flamegraph_cmd(sel: &Select, of: flamegraph::Of, level: flamegraph::Level, folded: bool, out: Option<&Path>) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
-    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut ())?;
+    let t = load(&path, &filter(sel), &mut ())?;
     let mut sym = Symbolizer::new();
     let mut sym = sym.for_trace(&t.modules);
     let stacks = flamegraph::weighted(&t, &mut sym, of, sel.device, level);
@@ -155,7 +155,7 @@ fn export_cmd(
     out: Option<&Path>,
 ) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
-    let f = filter(sel.device, sel.phase.clone());
+    let f = filter(sel);
     match format {
         ExportFormat::Memviz => {
             let mut c = export::memviz::Collector::new(sel.device);
@@ -187,17 +187,17 @@ fn export_cmd(
 
 fn phases_cmd(sel: &Select, json: bool) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
-    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut ())?;
+    let t = load(&path, &filter(sel), &mut ())?;
     output(None, |w| phases::render(&t, json, w))
 }
 
-fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: Option<u32>, json: bool) -> Result<u8> {
+fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: Option<u32>, json: bool, scope: &Scope) -> Result<u8> {
     if !b.any() {
         let e = "no budget given (--max-peak, --max-leaked, --max-failed, --max-allocated, --max-reserved)";
         return Err(Error::new(e).of("check").status(2));
     }
     let files = traces_of(paths, pid).map_err(|e| Error::new(e).status(2))?;
-    let f = filter(b.device, phase.clone());
+    let f = scope.filter(b.device, phase.clone());
     let mut traces = Vec::new();
     for p in &files {
         let t = crate::model::load(p, &f, &mut ()).map_err(|e| Error::new(e).of("check").status(2))?;
@@ -250,8 +250,8 @@ fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: 
     Ok(if results.iter().all(|r| r.ok) { 0 } else { 1 })
 }
 
-fn diff_cmd(a: &Path, b: &Path, json: bool, top: Option<usize>, device: Option<i32>, phase: Option<String>) -> Result<()> {
-    let f = filter(device, phase);
+fn diff_cmd(a: &Path, b: &Path, json: bool, top: Option<usize>, device: Option<i32>, phase: Option<String>, scope: &Scope) -> Result<()> {
+    let f = scope.filter(device, phase);
     let pa = only_trace(a)?;
     let pb = only_trace(b)?;
     let ta = load(&pa, &f, &mut ())?;

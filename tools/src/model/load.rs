@@ -60,6 +60,7 @@ impl Trace {
         let mut series = TimeSeries::default();
         let mut backward = Backward::default();
         trace.outcome = for_each_record(open().map_err(|e| e.to_string())?, recovery(), |rec| {
+            replay.context(&rec);
             match rec {
                 Record::Process(p) => trace.process = Some(p),
                 Record::Api(a) => {
@@ -75,7 +76,9 @@ impl Trace {
                     let own_python = e.pystack != 0 || e.flags & gpumemtrace_format::event_flags::PYTHON != 0;
                     let is_alloc = replay.api_of(e.api).is_some_and(|a| a.op == Op::Alloc);
                     e.pystack = backward.attribute(&e, is_alloc, &trace.py_codes, &trace.py_stacks);
+                    let native = e.stack;
                     e.stack = trace.stack_key(&e);
+                    replay.pair(e.stack, native);
                     trace.stack_tid.entry(e.stack).or_insert(e.tid);
                     if !replay.apply(&e, &mut All(&mut [&mut groups, &mut series, observe])) {
                         trace.unknown_api_events += 1;
@@ -147,6 +150,7 @@ impl Trace {
             let mut backward = Backward::default();
             // Errors were reported by pass 1, and pass 2 stops before reaching them.
             let _ = for_each_record(open().map_err(|e| e.to_string())?, recovery(), |rec| {
+                again.context(&rec);
                 match rec {
                     // Api records are tracked as they come so both passes replay the same events.
                     Record::Api(a) => again.api(a),
@@ -156,7 +160,9 @@ impl Trace {
                         e.pystack = backward.attribute(&e, is_alloc, &trace.py_codes, &trace.py_stacks);
                         if e.pystack != 0 {
                             // Every pair was seen by pass 1.
+                            let native = e.stack;
                             e.stack = trace.combined_ids.get(&(e.stack, e.pystack)).copied().unwrap_or(e.stack);
+                            again.pair(e.stack, native);
                         }
                         if again.apply(&e, &mut pools) {
                             let n = again.ordinal();

@@ -18,6 +18,11 @@ pub struct Options {
     pub device: Option<i32>,
     /// Only allocations made in this phase (see docs/format.md, "Phases").
     pub phase: Option<String>,
+    /// `--module`, `--from`, `--to` (its device and phase are the fields above).
+    pub filter: crate::model::Filter,
+    /// Temporary allocations: freed with at most this many other allocations of their thread
+    /// in between (see `model::temporary`).
+    pub temporary_threshold: usize,
 }
 
 impl Default for Options {
@@ -28,6 +33,8 @@ impl Default for Options {
             frames: 1,
             device: None,
             phase: None,
+            filter: crate::model::Filter::default(),
+            temporary_threshold: 1,
         }
     }
 }

@@ -30,7 +30,7 @@ pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result
     let mut sym = Symbolizer::new();
     let mut reports = Vec::new();
     let mut all_read = true;
-    let filter = crate::model::Filter { device: None, phase: opts.phase.clone() };
+    let filter = crate::model::Filter { device: None, phase: opts.phase.clone(), ..opts.filter.clone() };
     // Each input is opened once: a pipe (`-`, /dev/stdin) is read into memory then, and both
     // the per-trace replay and the merged one read it from there.
     let mut inputs = Vec::new();
