@@ -11,6 +11,7 @@ pub mod groups;
 pub mod growth;
 mod load;
 pub mod pool;
+pub mod temporary;
 pub mod timeseries;
 mod trace;
 #[cfg(test)]

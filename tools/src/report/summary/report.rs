@@ -62,6 +62,9 @@ pub struct TraceReport {
     pub unknown_frees: Vec<FreeReport>,
     /// Per device with blocks (PyTorch's caching allocator): segments and blocks.
     pub pools: Vec<PoolReport>,
+    /// Allocations freed again at once (see `model::temporary`); absent when there were none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub temporary: Option<super::temporary::TemporaryReport>,
     /// A final Stats record was read: the tracer shut down cleanly.
     #[serde(skip)]
     pub(super) finished: bool,
