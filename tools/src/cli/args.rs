@@ -91,6 +91,28 @@ Examples:
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
+    /// Call tree of bytes: from the outermost frame down to each call site, with bytes and counts
+    #[command(after_help = "\
+Examples:
+  gpumemtrace tree app.trace                      who held the peak, top-down
+  gpumemtrace tree app.trace --of end             what was never freed
+  gpumemtrace tree app.trace --of total --min-percent 5 --json")]
+    Tree {
+        #[command(flatten)]
+        sel: Select,
+        /// Which bytes: live at each group's peak, live at the end (leaks), or all allocated
+        #[arg(long, value_enum, default_value = "peak")]
+        of: report::tree::Of,
+        /// Leave out nodes holding less than this share of their group, in percent
+        #[arg(long, value_name = "PERCENT", default_value_t = 1.0)]
+        min_percent: f64,
+        /// On devices with PyTorch blocks: the blocks (tensors), or what the driver handed out
+        #[arg(long, value_enum, default_value = "blocks")]
+        level: report::flamegraph::Level,
+        /// Print JSON instead of text
+        #[arg(long)]
+        json: bool,
+    },
     /// Export to PyTorch memory_viz (pickle), Perfetto/Chrome (JSON) or speedscope (JSON)
     #[command(after_help = "\
 Examples:

@@ -50,6 +50,7 @@ pub fn run(cmd: Cmd) -> Result<u8> {
         }
         Cmd::Export { sel, format, of, level, output } => export_cmd(&sel, format, (of, level), output.as_deref()).map(|_| 0),
         Cmd::Phases { sel, json } => phases_cmd(&sel, json).map(|_| 0),
+        Cmd::Tree { sel, of, min_percent, level, json } => tree_cmd(&sel, of, min_percent, level, json).map(|_| 0),
         Cmd::Check { traces, max_peak, max_leaked, max_failed, max_allocated, max_reserved, device, phase, pid, json, scope } => {
             let b = check::Budgets { max_peak, max_leaked, max_failed, max_allocated, max_reserved, device };
             check_cmd(&traces, &b, phase, pid, json, &scope)
@@ -183,6 +184,21 @@ fn export_cmd(
             output(out, |w| serde_json::to_writer(&mut *w, &v).map_err(json_error))
         }
     }
+}
+
+fn tree_cmd(sel: &Select, of: crate::report::tree::Of, min_percent: f64, level: flamegraph::Level, json: bool) -> Result<()> {
+    if !(0.0..=100.0).contains(&min_percent) {
+        return Err(Error::new(format!("--min-percent {min_percent}: want a share from 0 to 100")).status(2));
+    }
+    let path = one_trace(&sel.trace, sel.pid)?;
+    let t = load(&path, &filter(sel), &mut ())?;
+    let mut sym = Symbolizer::new();
+    let mut sym = sym.for_trace(&t.modules);
+    let tree = crate::report::tree::tree(&t, &mut sym, of, sel.device, level, min_percent);
+    if json {
+        return output(None, |w| serde_json::to_writer_pretty(&mut *w, &tree).map_err(json_error).and_then(|_| writeln!(w)));
+    }
+    output(None, |w| crate::report::tree::render(&tree, w))
 }
 
 fn phases_cmd(sel: &Select, json: bool) -> Result<()> {

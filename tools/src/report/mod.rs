@@ -12,3 +12,4 @@ pub mod pools;
 pub mod sites;
 pub mod summary;
 pub mod timeline;
+pub mod tree;
