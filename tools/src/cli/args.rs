@@ -91,6 +91,25 @@ Examples:
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
+    /// Follow the trace of a running process: live bytes, peaks and top sites, refreshed
+    ///
+    /// Redrawn in place on a terminal, one line per refresh otherwise (--json: on stderr). When
+    /// the process finishes its trace (or is gone), prints the summary, as `summary` does.
+    #[command(after_help = "\
+Examples:
+  GPUMEMTRACE_OUTPUT=/tmp/app.trace LD_PRELOAD=.../libgpumemtrace.so ./app &
+  gpumemtrace live /tmp/app.trace
+  gpumemtrace live --interval 250ms --top 5 /tmp/app.trace")]
+    Live {
+        /// The trace file the process writes
+        #[arg(value_name = "TRACE")]
+        trace: PathBuf,
+        /// Time between refreshes (1s, 250ms)
+        #[arg(long, value_name = "TIME", default_value = "1s", value_parser = crate::read::filter::parse_time)]
+        interval: u64,
+        #[command(flatten)]
+        report: ReportArgs,
+    },
     /// Call tree of bytes: from the outermost frame down to each call site, with bytes and counts
     #[command(after_help = "\
 Examples:

@@ -50,6 +50,7 @@ pub fn run(cmd: Cmd) -> Result<u8> {
         }
         Cmd::Export { sel, format, of, level, output } => export_cmd(&sel, format, (of, level), output.as_deref()).map(|_| 0),
         Cmd::Phases { sel, json } => phases_cmd(&sel, json).map(|_| 0),
+        Cmd::Live { trace, interval, report } => live_cmd(&trace, interval, report),
         Cmd::Tree { sel, of, min_percent, level, json } => tree_cmd(&sel, of, min_percent, level, json).map(|_| 0),
         Cmd::Check { traces, max_peak, max_leaked, max_failed, max_allocated, max_reserved, device, phase, pid, json, scope } => {
             let b = check::Budgets { max_peak, max_leaked, max_failed, max_allocated, max_reserved, device };
@@ -77,7 +78,30 @@ fn load(path: &Path, f: &Filter, observe: &mut dyn Observer) -> Result<Trace> {
             eprintln!("warning: {p}: no allocation {} in this trace", on(d));
         }
     }
+    if let Some(s) = scope_words(f).filter(|_| admitted_nothing(&t)) {
+        eprintln!("warning: {p}: no allocation matches {s}");
+    }
     Ok(t)
+}
+
+/// `--module`, `--from`, `--to` as given, when any is.
+fn scope_words(f: &Filter) -> Option<String> {
+    let mut v = Vec::new();
+    if let Some(m) = &f.module {
+        v.push(format!("--module {m:?}"));
+    }
+    if let Some(t) = f.from_ns {
+        v.push(format!("--from {}", crate::units::seconds(t)));
+    }
+    if let Some(t) = f.to_ns {
+        v.push(format!("--to {}", crate::units::seconds(t)));
+    }
+    (!v.is_empty()).then(|| v.join(" "))
+}
+
+/// No allocation call, successful or failed, passed the filter.
+fn admitted_nothing(t: &Trace) -> bool {
+    t.groups.values().all(|g| g.allocations == 0 && g.failed == 0)
 }
 
 /// `on device 0`, `of host memory (device -1)`.
@@ -186,6 +210,22 @@ fn export_cmd(
     }
 }
 
+fn live_cmd(trace: &Path, interval: u64, report: super::args::ReportArgs) -> Result<u8> {
+    let opts: summary::Options = report.into();
+    let interval = std::time::Duration::from_nanos(interval.max(1_000_000));
+    let mut out = io::stdout().lock();
+    let read = if opts.json {
+        crate::report::live::run(trace, interval, &opts, &mut io::stderr(), false, &mut out)
+    } else {
+        let tty = crate::report::live::on_terminal();
+        let mut view = io::stdout();
+        crate::report::live::run(trace, interval, &opts, &mut view, tty, &mut out)
+    };
+    let read = read.map_err(|e| Error::new(e).of("live").status(2))?;
+    out.flush()?;
+    Ok(if read { 0 } else { 1 })
+}
+
 fn tree_cmd(sel: &Select, of: crate::report::tree::Of, min_percent: f64, level: flamegraph::Level, json: bool) -> Result<()> {
     if !(0.0..=100.0).contains(&min_percent) {
         return Err(Error::new(format!("--min-percent {min_percent}: want a share from 0 to 100")).status(2));
@@ -260,6 +300,10 @@ fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: 
             let e = format!("--device {d} matches nothing: no allocation {} in {place} ({known})", on(d));
             return Err(Error::new(e).of("check").status(2));
         }
+    }
+    if let Some(s) = scope_words(&f).filter(|_| traces.iter().all(|(_, t)| admitted_nothing(t))) {
+        let e = format!("{s} matches nothing: no allocation in {place} passes it");
+        return Err(Error::new(e).of("check").status(2));
     }
     let mut out = io::stdout().lock();
     let _ = check::render(&results, json, &mut out).and_then(|_| out.flush());
