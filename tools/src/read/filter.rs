@@ -122,6 +122,9 @@ pub fn parse_time(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
+    if num.is_empty() {
+        return Err(format!("{s:?}: not a time (e.g. 1.5s, 300ms)"));
+    }
     let scale = match unit.trim() {
         "" | "s" => 1e9,
         "ms" => 1e6,
