@@ -221,7 +221,7 @@ fn live_cmd(trace: &Path, interval: u64, report: super::args::ReportArgs) -> Res
         let mut view = io::stdout();
         crate::report::live::run(trace, interval, &opts, &mut view, tty, &mut out)
     };
-    let read = read.map_err(|e| Error::new(e).of("live").status(2))?;
+    let read = read?;
     out.flush()?;
     Ok(if read { 0 } else { 1 })
 }

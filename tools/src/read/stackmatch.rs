@@ -90,3 +90,45 @@ impl StackMatch {
         v
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpumemtrace_format::PyFrame;
+
+    fn module(path: &str, start: u64, end: u64) -> Module {
+        Module { path: path.into(), start, end, ..Module::default() }
+    }
+
+    #[test]
+    fn a_stack_matches_by_a_native_frame_in_the_module_or_a_python_frame_in_the_file() {
+        let mut m = StackMatch::new("libfoo");
+        m.module(&module("/opt/lib/libbar.so", 0x1000, 0x2000));
+        m.stack(&Stack { id: 1, frames: vec![0x1500, 0x3500] });
+        m.stack(&Stack { id: 2, frames: vec![0x1500] });
+        // libfoo is not known yet: stack 1 does not match...
+        assert!(!m.admits(1, 0));
+        // ...until its module arrives (loaded after the stack was first seen).
+        m.module(&module("/opt/lib/libfoo.so.2", 0x3000, 0x4000));
+        assert!(m.admits(1, 0));
+        assert!(!m.admits(2, 0));
+        // The directory is not the file name.
+        let mut d = StackMatch::new("opt");
+        d.module(&module("/opt/lib/libbar.so", 0x1000, 0x2000));
+        d.stack(&Stack { id: 2, frames: vec![0x1500] });
+        assert!(!d.admits(2, 0));
+
+        // Python frames by their code's file; a key standing for (native 2, Python 7).
+        let mut p = StackMatch::new("train.py");
+        p.py_code(&PyCode { id: 3, filename: "/home/u/train.py".into(), ..PyCode::default() });
+        p.py_code(&PyCode { id: 4, filename: "/usr/lib/python3.12/x.py".into(), ..PyCode::default() });
+        p.py_stack(&PyStack { id: 7, frames: vec![PyFrame { code: 4, ..PyFrame::default() }, PyFrame { code: 3, ..PyFrame::default() }] });
+        p.py_stack(&PyStack { id: 8, frames: vec![PyFrame { code: 4, ..PyFrame::default() }] });
+        p.stack(&Stack { id: 2, frames: vec![0x1500] });
+        p.pair(0x8000_0000, 2);
+        assert!(p.admits(0x8000_0000, 7));
+        assert!(p.admits(0x8000_0001, 7 | BORROWED), "a borrowed Python stack counts");
+        assert!(!p.admits(0x8000_0002, 8));
+        assert!(!p.admits(2, 0));
+    }
+}

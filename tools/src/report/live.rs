@@ -37,29 +37,26 @@ pub fn run(
     view: &mut dyn Write,
     tty: bool,
     out: &mut dyn Write,
-) -> Result<bool, String> {
+) -> crate::error::Result<bool> {
     let filter = Filter { device: None, phase: opts.phase.clone(), ..opts.filter.clone() };
     let mut sym = Symbolizer::new();
     let started = Instant::now();
-    let mut refreshes = 0u64;
     loop {
         let look = look(path, &filter);
         let done = match &look {
             Look::NotYet(why) => {
                 if started.elapsed() > WAIT_FOR_START {
-                    return Err(format!("{}: {why}, after waiting {} s", display(path), WAIT_FOR_START.as_secs()));
+                    let e = format!("{}: {why}, after waiting {} s", display(path), WAIT_FOR_START.as_secs());
+                    return Err(crate::error::Error::new(e).of("live").status(2));
                 }
-                write_waiting(path, why, view, tty)
-                    .and_then(|_| view.flush())
-                    .map_err(|e| e.to_string())?;
+                write_waiting(path, why, view, tty).and_then(|_| view.flush())?;
                 false
             }
             Look::Trace(t) => {
-                refreshes += 1;
                 let done = finished(t);
                 let text = if tty { screen(path, t, &mut sym, opts.device, done) } else { line(t, &mut sym, opts.device, done) };
                 let clear = if tty { "\x1b[H\x1b[2J" } else { "" };
-                write!(view, "{clear}{text}").and_then(|_| view.flush()).map_err(|e| e.to_string())?;
+                write!(view, "{clear}{text}").and_then(|_| view.flush())?;
                 done
             }
         };
@@ -68,7 +65,6 @@ pub fn run(
         }
         std::thread::sleep(interval);
     }
-    let _ = refreshes;
     // The process deletes the journal once the trace is complete: wait for that (briefly), so
     // the summary reads the trace alone, as a later `summary` will.
     let journal = gpumemtrace_format::journal::path_for(path);
@@ -77,12 +73,21 @@ pub fn run(
         std::thread::sleep(Duration::from_millis(20));
     }
     if tty {
-        writeln!(view).map_err(|e| e.to_string())?;
+        writeln!(view)?;
     }
-    summary::run(&[PathBuf::from(path)], opts, out).map_err(|e| e.to_string())
+    Ok(summary::run(&[PathBuf::from(path)], opts, out)?)
 }
 
 fn look(path: &Path, filter: &Filter) -> Look {
+    // Until the first records are written, the journal beside the trace may be half made too:
+    // do not read either.
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Look::NotYet("not created yet".into()),
+        Ok(m) if m.is_file() && m.len() <= gpumemtrace_format::HEADER_LEN as u64 => {
+            return Look::NotYet("no record written yet".into())
+        }
+        _ => {}
+    }
     let input = match Input::open(path) {
         Ok(i) => i,
         Err(e) => return Look::NotYet(e.split_once(": ").map_or(e.clone(), |(_, why)| why.to_string())),
