@@ -34,6 +34,14 @@ impl Of {
         }
     }
 
+    fn name(self) -> &'static str {
+        match self {
+            Of::Peak => "peak",
+            Of::End => "end",
+            Of::Total => "total",
+        }
+    }
+
     fn words(self) -> &'static str {
         match self {
             Of::Peak => "live at the peak",
@@ -126,16 +134,6 @@ pub fn tree(
         })
         .collect();
     Tree { of: of.name(), min_percent, roots }
-}
-
-impl Of {
-    fn name(self) -> &'static str {
-        match self {
-            Of::Peak => "peak",
-            Of::End => "end",
-            Of::Total => "total",
-        }
-    }
 }
 
 /// Frames merged by name, as they are built.
