@@ -91,6 +91,47 @@ Examples:
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
+    /// Follow the trace of a running process: live bytes, peaks and top sites, refreshed
+    ///
+    /// Redrawn in place on a terminal, one line per refresh otherwise (--json: on stderr). When
+    /// the process finishes its trace (or is gone), prints the summary, as `summary` does.
+    #[command(after_help = "\
+Examples:
+  GPUMEMTRACE_OUTPUT=/tmp/app.trace LD_PRELOAD=.../libgpumemtrace.so ./app &
+  gpumemtrace live /tmp/app.trace
+  gpumemtrace live --interval 250ms --top 5 /tmp/app.trace")]
+    Live {
+        /// The trace file the process writes
+        #[arg(value_name = "TRACE")]
+        trace: PathBuf,
+        /// Time between refreshes (1s, 250ms)
+        #[arg(long, value_name = "TIME", default_value = "1s", value_parser = crate::read::filter::parse_time)]
+        interval: u64,
+        #[command(flatten)]
+        report: ReportArgs,
+    },
+    /// Call tree of bytes: from the outermost frame down to each call site, with bytes and counts
+    #[command(after_help = "\
+Examples:
+  gpumemtrace tree app.trace                      who held the peak, top-down
+  gpumemtrace tree app.trace --of end             what was never freed
+  gpumemtrace tree app.trace --of total --min-percent 5 --json")]
+    Tree {
+        #[command(flatten)]
+        sel: Select,
+        /// Which bytes: live at each group's peak, live at the end (leaks), or all allocated
+        #[arg(long, value_enum, default_value = "peak")]
+        of: report::tree::Of,
+        /// Leave out nodes holding less than this share of their group, in percent
+        #[arg(long, value_name = "PERCENT", default_value_t = 1.0)]
+        min_percent: f64,
+        /// On devices with PyTorch blocks: the blocks (tensors), or what the driver handed out
+        #[arg(long, value_enum, default_value = "blocks")]
+        level: report::flamegraph::Level,
+        /// Print JSON instead of text
+        #[arg(long)]
+        json: bool,
+    },
     /// Export to PyTorch memory_viz (pickle), Perfetto/Chrome (JSON) or speedscope (JSON)
     #[command(after_help = "\
 Examples:
@@ -154,6 +195,8 @@ Examples:
         /// Print JSON instead of text
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        scope: Scope,
     },
     /// What changed between two runs: peaks, leaks, bytes per call site
     ///
@@ -180,6 +223,8 @@ Examples:
         /// Only allocations made in this phase
         #[arg(long, value_name = "NAME")]
         phase: Option<String>,
+        #[command(flatten)]
+        scope: Scope,
     },
     /// Allocations per phase (gpumemtrace_push/mark, NVTX ranges) and memory group
     #[command(after_help = "\
@@ -253,6 +298,30 @@ pub struct Select {
     /// Only allocations made in this phase (and their frees)
     #[arg(long, value_name = "NAME")]
     pub phase: Option<String>,
+    #[command(flatten)]
+    pub scope: Scope,
+}
+
+/// `--module`, `--from`, `--to`: the filters every report that reads a trace takes.
+#[derive(Args, Clone, Default)]
+pub struct Scope {
+    /// Only allocations whose stack has a frame in a module (shared object, executable or
+    /// Python file) whose file name contains NAME
+    #[arg(long, value_name = "NAME")]
+    pub module: Option<String>,
+    /// Only allocations made at or after this time since tracing started (1.5s, 300ms)
+    #[arg(long, value_name = "TIME", value_parser = crate::read::filter::parse_time)]
+    pub from: Option<u64>,
+    /// Only allocations made before this time since tracing started
+    #[arg(long, value_name = "TIME", value_parser = crate::read::filter::parse_time)]
+    pub to: Option<u64>,
+}
+
+impl Scope {
+    /// The filter of these options and `device`, `phase`.
+    pub fn filter(&self, device: Option<i32>, phase: Option<String>) -> crate::read::filter::Filter {
+        crate::read::filter::Filter { device, phase, module: self.module.clone(), from_ns: self.from, to_ns: self.to }
+    }
 }
 
 #[derive(Args)]
@@ -272,6 +341,12 @@ pub struct ReportArgs {
     /// Only allocations made in this phase (NVTX range or gpumemtrace_push/mark name)
     #[arg(long, value_name = "NAME")]
     pub phase: Option<String>,
+    #[command(flatten)]
+    pub scope: Scope,
+    /// Temporary allocations: freed by the thread that made them with at most N of its other
+    /// allocations in between (memray's --temporary-allocation-threshold)
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub temporary_threshold: usize,
 }
 
 impl From<ReportArgs> for summary::Options {
@@ -280,6 +355,8 @@ impl From<ReportArgs> for summary::Options {
             json: a.json,
             top: a.top,
             frames: a.frames.max(1),
+            filter: a.scope.filter(a.device, a.phase.clone()),
+            temporary_threshold: a.temporary_threshold,
             device: a.device,
             phase: a.phase,
         }

@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use super::args::{Cmd, ExportFormat, Select};
+use super::args::{Cmd, ExportFormat, Scope, Select};
 use super::run;
 use crate::error::{json_error, Error, Result};
 use crate::read::input::{self, one_trace, only_trace, traces_of};
@@ -50,16 +50,18 @@ pub fn run(cmd: Cmd) -> Result<u8> {
         }
         Cmd::Export { sel, format, of, level, output } => export_cmd(&sel, format, (of, level), output.as_deref()).map(|_| 0),
         Cmd::Phases { sel, json } => phases_cmd(&sel, json).map(|_| 0),
-        Cmd::Check { traces, max_peak, max_leaked, max_failed, max_allocated, max_reserved, device, phase, pid, json } => {
+        Cmd::Live { trace, interval, report } => live_cmd(&trace, interval, report),
+        Cmd::Tree { sel, of, min_percent, level, json } => tree_cmd(&sel, of, min_percent, level, json).map(|_| 0),
+        Cmd::Check { traces, max_peak, max_leaked, max_failed, max_allocated, max_reserved, device, phase, pid, json, scope } => {
             let b = check::Budgets { max_peak, max_leaked, max_failed, max_allocated, max_reserved, device };
-            check_cmd(&traces, &b, phase, pid, json)
+            check_cmd(&traces, &b, phase, pid, json, &scope)
         }
-        Cmd::Diff { a, b, json, top, device, phase } => diff_cmd(&a, &b, json, top, device, phase).map(|_| 0),
+        Cmd::Diff { a, b, json, top, device, phase, scope } => diff_cmd(&a, &b, json, top, device, phase, &scope).map(|_| 0),
     }
 }
 
-fn filter(device: Option<i32>, phase: Option<String>) -> Filter {
-    Filter { device, phase }
+fn filter(sel: &Select) -> Filter {
+    sel.scope.filter(sel.device, sel.phase.clone())
 }
 
 fn load(path: &Path, f: &Filter, observe: &mut dyn Observer) -> Result<Trace> {
@@ -76,7 +78,30 @@ fn load(path: &Path, f: &Filter, observe: &mut dyn Observer) -> Result<Trace> {
             eprintln!("warning: {p}: no allocation {} in this trace", on(d));
         }
     }
+    if let Some(s) = scope_words(f).filter(|_| admitted_nothing(&t)) {
+        eprintln!("warning: {p}: no allocation matches {s}");
+    }
     Ok(t)
+}
+
+/// `--module`, `--from`, `--to` as given, when any is.
+fn scope_words(f: &Filter) -> Option<String> {
+    let mut v = Vec::new();
+    if let Some(m) = &f.module {
+        v.push(format!("--module {m:?}"));
+    }
+    if let Some(t) = f.from_ns {
+        v.push(format!("--from {}", crate::units::seconds(t)));
+    }
+    if let Some(t) = f.to_ns {
+        v.push(format!("--to {}", crate::units::seconds(t)));
+    }
+    (!v.is_empty()).then(|| v.join(" "))
+}
+
+/// No allocation call, successful or failed, passed the filter.
+fn admitted_nothing(t: &Trace) -> bool {
+    t.groups.values().all(|g| g.allocations == 0 && g.failed == 0)
 }
 
 /// `on device 0`, `of host memory (device -1)`.
@@ -117,7 +142,7 @@ fn output(path: Option<&Path>, write: impl FnOnce(&mut dyn Write) -> io::Result<
 
 fn timeline_cmd(sel: &Select, out: Option<&Path>) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
-    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut ())?;
+    let t = load(&path, &filter(sel), &mut ())?;
     let html = out.is_some_and(|p| p.extension().is_some_and(|e| e == "html" || e == "htm"));
     let page = timeline::render(&t, sel.device, html);
     output(out, |w| w.write_all(page.as_bytes()))
@@ -125,7 +150,7 @@ fn timeline_cmd(sel: &Select, out: Option<&Path>) -> Result<()> {
 
 fn flamegraph_cmd(sel: &Select, of: flamegraph::Of, level: flamegraph::Level, folded: bool, out: Option<&Path>) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
-    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut ())?;
+    let t = load(&path, &filter(sel), &mut ())?;
     let mut sym = Symbolizer::new();
     let mut sym = sym.for_trace(&t.modules);
     let stacks = flamegraph::weighted(&t, &mut sym, of, sel.device, level);
@@ -155,7 +180,7 @@ fn export_cmd(
     out: Option<&Path>,
 ) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
-    let f = filter(sel.device, sel.phase.clone());
+    let f = filter(sel);
     match format {
         ExportFormat::Memviz => {
             let mut c = export::memviz::Collector::new(sel.device);
@@ -185,19 +210,50 @@ fn export_cmd(
     }
 }
 
+fn live_cmd(trace: &Path, interval: u64, report: super::args::ReportArgs) -> Result<u8> {
+    let opts: summary::Options = report.into();
+    let interval = std::time::Duration::from_nanos(interval.max(1_000_000));
+    let mut out = io::stdout().lock();
+    let read = if opts.json {
+        crate::report::live::run(trace, interval, &opts, &mut io::stderr(), false, &mut out)
+    } else {
+        let tty = crate::report::live::on_terminal();
+        let mut view = io::stdout();
+        crate::report::live::run(trace, interval, &opts, &mut view, tty, &mut out)
+    };
+    let read = read?;
+    out.flush()?;
+    Ok(if read { 0 } else { 1 })
+}
+
+fn tree_cmd(sel: &Select, of: crate::report::tree::Of, min_percent: f64, level: flamegraph::Level, json: bool) -> Result<()> {
+    if !(0.0..=100.0).contains(&min_percent) {
+        return Err(Error::new(format!("--min-percent {min_percent}: want a share from 0 to 100")).status(2));
+    }
+    let path = one_trace(&sel.trace, sel.pid)?;
+    let t = load(&path, &filter(sel), &mut ())?;
+    let mut sym = Symbolizer::new();
+    let mut sym = sym.for_trace(&t.modules);
+    let tree = crate::report::tree::tree(&t, &mut sym, of, sel.device, level, min_percent);
+    if json {
+        return output(None, |w| serde_json::to_writer_pretty(&mut *w, &tree).map_err(json_error).and_then(|_| writeln!(w)));
+    }
+    output(None, |w| crate::report::tree::render(&tree, w))
+}
+
 fn phases_cmd(sel: &Select, json: bool) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
-    let t = load(&path, &filter(sel.device, sel.phase.clone()), &mut ())?;
+    let t = load(&path, &filter(sel), &mut ())?;
     output(None, |w| phases::render(&t, json, w))
 }
 
-fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: Option<u32>, json: bool) -> Result<u8> {
+fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: Option<u32>, json: bool, scope: &Scope) -> Result<u8> {
     if !b.any() {
         let e = "no budget given (--max-peak, --max-leaked, --max-failed, --max-allocated, --max-reserved)";
         return Err(Error::new(e).of("check").status(2));
     }
     let files = traces_of(paths, pid).map_err(|e| Error::new(e).status(2))?;
-    let f = filter(b.device, phase.clone());
+    let f = scope.filter(b.device, phase.clone());
     let mut traces = Vec::new();
     for p in &files {
         let t = crate::model::load(p, &f, &mut ()).map_err(|e| e.of("check").status(2))?;
@@ -245,13 +301,17 @@ fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: 
             return Err(Error::new(e).of("check").status(2));
         }
     }
+    if let Some(s) = scope_words(&f).filter(|_| traces.iter().all(|(_, t)| admitted_nothing(t))) {
+        let e = format!("{s} matches nothing: no allocation in {place} passes it");
+        return Err(Error::new(e).of("check").status(2));
+    }
     let mut out = io::stdout().lock();
     let _ = check::render(&results, json, &mut out).and_then(|_| out.flush());
     Ok(if results.iter().all(|r| r.ok) { 0 } else { 1 })
 }
 
-fn diff_cmd(a: &Path, b: &Path, json: bool, top: Option<usize>, device: Option<i32>, phase: Option<String>) -> Result<()> {
-    let f = filter(device, phase);
+fn diff_cmd(a: &Path, b: &Path, json: bool, top: Option<usize>, device: Option<i32>, phase: Option<String>, scope: &Scope) -> Result<()> {
+    let f = scope.filter(device, phase);
     let pa = only_trace(a)?;
     let pb = only_trace(b)?;
     let ta = load(&pa, &f, &mut ())?;

@@ -63,6 +63,7 @@ impl Trace {
         let mut series = TimeSeries::default();
         let mut backward = Backward::default();
         trace.outcome = for_each_record(open().map_err(|e| e.to_string())?, recovery(), |rec| {
+            replay.context(&rec);
             match rec {
                 Record::Process(p) => trace.process = Some(p),
                 Record::Api(a) => {
@@ -78,7 +79,9 @@ impl Trace {
                     let own_python = e.pystack != 0 || e.flags & gpumemtrace_format::event_flags::PYTHON != 0;
                     let is_alloc = replay.api_of(e.api).is_some_and(|a| a.op == Op::Alloc);
                     e.pystack = backward.attribute(&e, is_alloc, &trace.py_codes, &trace.py_stacks);
+                    let native = e.stack;
                     e.stack = trace.stack_key(&e);
+                    replay.pair(e.stack, native);
                     trace.stack_tid.entry(e.stack).or_insert(e.tid);
                     // The Python program ended before the first event of its main thread with
                     // no Python frame (the interpreter's shutdown): what was live just before

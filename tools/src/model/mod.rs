@@ -12,6 +12,7 @@ pub mod growth;
 mod load;
 pub mod pool;
 pub mod snapshots;
+pub mod temporary;
 pub mod timeseries;
 mod trace;
 #[cfg(test)]

@@ -8,3 +8,4 @@ pub mod live;
 pub mod phases;
 pub mod records;
 pub mod replay;
+mod stackmatch;

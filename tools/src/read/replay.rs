@@ -125,9 +125,19 @@ impl Replay {
             Record::Api(a) => self.api(a.clone()),
             Record::Phase(p) => self.phase(p),
             Record::Event(e) => return self.apply(e, obs),
-            _ => {}
+            r => self.context(r),
         }
         true
+    }
+
+    /// Shows the filter a record it may need (`--module`: modules, stacks, Python code).
+    pub fn context(&mut self, rec: &Record) {
+        self.admission.context(rec);
+    }
+
+    /// Events will name the stack `native` (with a Python stack) by `key`.
+    pub fn pair(&mut self, key: u32, native: u32) {
+        self.admission.pair(key, native);
     }
 
     pub fn api(&mut self, a: Api) {

@@ -170,6 +170,7 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
         last_failure_live,
         unknown_frees,
         pools,
+        temporary: None,
         finished: trace.stats.is_some_and(|s| s.final_),
         unknown_api_events: trace.unknown_api_events,
         more_failures,

@@ -8,6 +8,7 @@ mod build;
 mod render;
 mod report;
 mod run;
+mod temporary;
 #[cfg(test)]
 mod tests;
 

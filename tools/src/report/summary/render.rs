@@ -452,5 +452,8 @@ pub fn render(r: &TraceReport, opts: &Options, out: &mut dyn Write) -> io::Resul
     if r.more_unknown_frees > 0 {
         writeln!(out, "  ... and {} more", r.more_unknown_frees)?;
     }
+    if let Some(t) = &r.temporary {
+        super::temporary::render(t, out)?;
+    }
     Ok(())
 }

@@ -18,6 +18,11 @@ pub struct Options {
     pub device: Option<i32>,
     /// Only allocations made in this phase (see docs/format.md, "Phases").
     pub phase: Option<String>,
+    /// `--module`, `--from`, `--to` (its device and phase are the fields above).
+    pub filter: crate::model::Filter,
+    /// Temporary allocations: freed with at most this many other allocations of their thread
+    /// in between (see `model::temporary`).
+    pub temporary_threshold: usize,
 }
 
 impl Default for Options {
@@ -28,6 +33,8 @@ impl Default for Options {
             frames: 1,
             device: None,
             phase: None,
+            filter: crate::model::Filter::default(),
+            temporary_threshold: 1,
         }
     }
 }
@@ -55,6 +62,9 @@ pub struct TraceReport {
     pub unknown_frees: Vec<FreeReport>,
     /// Per device with blocks (PyTorch's caching allocator): segments and blocks.
     pub pools: Vec<PoolReport>,
+    /// Allocations freed again at once (see `model::temporary`); absent when there were none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub temporary: Option<super::temporary::TemporaryReport>,
     /// A final Stats record was read: the tracer shut down cleanly.
     #[serde(skip)]
     pub(super) finished: bool,

@@ -30,7 +30,7 @@ pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result
     let mut sym = Symbolizer::new();
     let mut reports = Vec::new();
     let mut all_read = true;
-    let filter = crate::model::Filter { device: None, phase: opts.phase.clone() };
+    let filter = crate::model::Filter { device: None, phase: opts.phase.clone(), ..opts.filter.clone() };
     // Each input is opened once: a pipe (`-`, /dev/stdin) is read into memory then, and both
     // the per-trace replay and the merged one read it from there.
     let mut inputs = Vec::new();
@@ -44,10 +44,21 @@ pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result
         }
     }
     for input in &inputs {
-        match crate::model::load_input(input, &filter, &mut ()) {
+        let mut temporary = crate::model::temporary::Temporary::new(opts.temporary_threshold);
+        match crate::model::load_input(input, &filter, &mut temporary) {
             Ok(trace) => {
                 warn_outcome(input.path(), &trace.outcome);
-                reports.push(build(input.path(), &trace, &mut sym, opts));
+                let mut r = build(input.path(), &trace, &mut sym, opts);
+                let top = if opts.json { opts.top } else { Some(opts.top.unwrap_or(DEFAULT_TOP)) };
+                let wanted = |d: i32| opts.device.is_none_or(|w| w == d);
+                r.temporary = super::temporary::build(
+                    &trace,
+                    temporary.finish(),
+                    opts.temporary_threshold,
+                    &mut sym,
+                    (&wanted, top, opts.frames),
+                );
+                reports.push(r);
             }
             Err(e) => {
                 eprintln!("gpumemtrace: {e}");

@@ -1,0 +1,99 @@
+//! Temporary allocations, as memray counts them (`--temporary-allocation-threshold N`): an
+//! allocation freed by the thread that made it with at most N of that thread's other
+//! allocations in between (N = 0: freed before the thread allocated again, heaptrack's
+//! "temporary"). Counted per group and stack, during the one replay.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use rustc_hash::FxHashMap;
+
+use crate::read::live::{GroupKey, StackUse};
+use crate::read::replay::{Observer, Step, StepKind};
+
+/// A recent allocation of a thread.
+struct Recent {
+    key: GroupKey,
+    addr: u64,
+    stack: u32,
+    size: u64,
+}
+
+pub struct Temporary {
+    threshold: usize,
+    /// Each thread's last `threshold + 1` allocations, newest first.
+    recent: FxHashMap<u32, VecDeque<Recent>>,
+    /// Temporary bytes and count per group and stack.
+    found: FxHashMap<(GroupKey, u32), (u64, u64)>,
+}
+
+impl Temporary {
+    pub fn new(threshold: usize) -> Temporary {
+        Temporary { threshold, recent: FxHashMap::default(), found: FxHashMap::default() }
+    }
+
+    /// Temporary allocations per group, by stack, most first (then by bytes).
+    pub fn finish(self) -> BTreeMap<GroupKey, Vec<StackUse>> {
+        let mut out: BTreeMap<GroupKey, Vec<StackUse>> = BTreeMap::new();
+        for ((key, stack), (bytes, count)) in self.found {
+            out.entry(key).or_default().push(StackUse { stack, bytes, count });
+        }
+        for v in out.values_mut() {
+            v.sort_by(|a, b| b.count.cmp(&a.count).then(b.bytes.cmp(&a.bytes)).then(a.stack.cmp(&b.stack)));
+        }
+        out
+    }
+}
+
+impl Observer for Temporary {
+    fn step(&mut self, s: &Step) {
+        match s.kind {
+            StepKind::Alloc => {
+                let q = self.recent.entry(s.tid).or_default();
+                q.push_front(Recent { key: s.key, addr: s.addr, stack: s.alloc_stack, size: s.size });
+                q.truncate(self.threshold.saturating_add(1));
+            }
+            StepKind::Free => {
+                let Some(q) = self.recent.get_mut(&s.tid) else { return };
+                if let Some(i) = q.iter().position(|r| r.addr == s.addr && r.key == s.key) {
+                    let r = q.remove(i).expect("position is in range");
+                    let f = self.found.entry((r.key, r.stack)).or_default();
+                    f.0 += r.size;
+                    f.1 += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tests::*;
+    use crate::model::Trace;
+
+    fn temporaries(b: &TraceBuilder, threshold: usize) -> Vec<(u32, u64, u64)> {
+        let mut t = Temporary::new(threshold);
+        Trace::load_with(|| Ok(&b.bytes[..]), &crate::model::Filter::default(), &mut t).unwrap();
+        t.finish().values().flatten().map(|u| (u.stack, u.bytes, u.count)).collect()
+    }
+
+    fn on(tid: u32, api: u32, t: u64, addr: u64, size: u64, stack: u32) -> Record {
+        Record::Event(Event { api, time_ns: t, addr, size, stack, tid, ..Event::default() })
+    }
+
+    #[test]
+    fn temporary_means_freed_within_n_other_allocations_of_the_same_thread() {
+        let mut b = TraceBuilder::new();
+        // Stack 1: freed at once, twice. Stack 2: one other allocation (stack 3) in between.
+        // Stack 3: two in between. Stack 4: never freed. Stack 5: freed by another thread.
+        b.ok(MALLOC, 1, 0x100, 10, 1).ok(FREE, 2, 0x100, 0, 9);
+        b.ok(MALLOC, 3, 0x100, 10, 1).ok(FREE, 4, 0x100, 0, 9);
+        b.ok(MALLOC, 5, 0x200, 20, 2).ok(MALLOC, 6, 0x300, 30, 3).ok(FREE, 7, 0x200, 0, 9);
+        b.ok(MALLOC, 8, 0x400, 40, 4).ok(MALLOC, 9, 0x500, 1, 6).ok(FREE, 10, 0x300, 0, 9);
+        b.rec(on(1, MALLOC, 11, 0x600, 50, 5)).rec(on(2, FREE, 12, 0x600, 0, 9));
+        assert_eq!(temporaries(&b, 0), vec![(1, 20, 2)]);
+        assert_eq!(temporaries(&b, 1), vec![(1, 20, 2), (2, 20, 1)]);
+        assert_eq!(temporaries(&b, 2), vec![(1, 20, 2), (3, 30, 1), (2, 20, 1)], "most first, then by bytes");
+    }
+}
