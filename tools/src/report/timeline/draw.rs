@@ -167,7 +167,7 @@ pub fn render(trace: &Trace, device: Option<i32>, reserved: &BTreeMap<i32, Serie
     let colors = PhaseColors(names);
     let band_top = 62.0;
     let band_h = lanes.kinds.len() as f64 * LANE_H;
-    let top = band_top + band_h + if lanes.kinds.is_empty() { 8.0 } else { 34.0 };
+    let top = band_top + band_h + if lanes.kinds.is_empty() { 20.0 } else { 34.0 };
 
     let (exe, pid) = trace.process.as_ref().map_or(("?".to_string(), 0), |p| {
         (p.exe.rsplit('/').next().unwrap_or(&p.exe).to_string(), p.pid)
@@ -407,7 +407,7 @@ fn marks(s: &mut String, trace: &Trace, key: &GroupKey, peak: u64, peak_ns: u64,
     let dx = if anchor == "end" { -8.0 } else { 8.0 };
     let _ = writeln!(
         s,
-        r##"<g class="peak" data-bytes="{peak}" data-time-ns="{peak_ns}" data-t="{peak_ns}" transform="translate({px:.2},{py:.2})"><circle r="5" fill="#d62728" stroke="#fff" stroke-width="1.5"/><text x="{dx}" y="{}" text-anchor="{anchor}" fill="#d62728" font-weight="bold">peak {} at {}</text></g>"##,
+        r##"<g class="peak" data-bytes="{peak}" data-time-ns="{peak_ns}" data-t="{peak_ns}" transform="translate({px:.2},{py:.2})"><circle r="5" fill="#d62728" stroke="#fff" stroke-width="1.5"/><text x="{dx}" y="{}" text-anchor="{anchor}" fill="#d62728" font-weight="bold" stroke="#fff" stroke-width="3" paint-order="stroke">peak {} at {}</text></g>"##,
         if py < 20.0 { 16.0 } else { -8.0 },
         size(peak),
         seconds(peak_ns)
