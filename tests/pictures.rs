@@ -194,6 +194,14 @@ fn the_timeline_of_a_long_run_is_bounded_keeps_its_peak_and_says_what_it_reduced
     let py: f64 = attr(peak, "transform").split(',').nth(1).unwrap().trim_end_matches(')').parse().unwrap();
     let line = tags(&svg, "line")[0];
     assert!((top_of(attr(line, "d")) - py).abs() < 0.01, "line top {} vs peak {py}", top_of(attr(line, "d")));
+    // ... for the spike's pixel or two only: the rest of the run is drawn at its own height.
+    let pts: Vec<(f64, f64)> = attr(line, "d")
+        .split(|c: char| c == 'M' || c == 'L' || c == ' ')
+        .filter_map(|p| p.split_once(','))
+        .map(|(x, y)| (x.parse().unwrap(), y.parse().unwrap()))
+        .collect();
+    let at_peak: f64 = pts.windows(2).filter(|w| (w[0].1 - py).abs() < 0.01 && (w[1].1 - py).abs() < 0.01).map(|w| w[1].0 - w[0].0).sum();
+    assert!(at_peak <= 2.0, "the line is at the peak for {at_peak} pixels");
 
     // Phases: two lanes (ranges and the nested forward), a legend naming both, and bars
     // bounded by the width (1080 pixels), not by the spans.
