@@ -229,6 +229,12 @@ fn the_timeline_of_a_long_run_is_bounded_keeps_its_peak_and_says_what_it_reduced
     assert!(html.starts_with("<!DOCTYPE html>") && html.contains("<script>"));
     assert!(html.len() < 1_500_000, "the page is {} bytes", html.len());
     self_contained(&html);
+
+    // The report: bounded too, with the same peak.
+    let report = ok(&["report", s(&t)]);
+    assert!(report.len() < 1_500_000, "the report is {} bytes", report.len());
+    assert!(report.contains(&format!("data-bytes=\"{}\"", g["peak_bytes"])));
+    self_contained(&report);
 }
 
 #[test]

@@ -55,7 +55,11 @@ pub fn render(path: &Path, trace: &Trace, reserved: &std::collections::BTreeMap<
     header(&mut h, &r, trace, o);
     nav(&mut h);
     overview(&mut h, &r);
-    let _ = write!(h, "<h2 id=\"timeline\">Timeline</h2>\n{}", timeline::embed(&pic));
+    let _ = write!(
+        h,
+        "<h2 id=\"timeline\">Timeline</h2>\n<p class=\"hint\">Each pixel column shows the lowest and highest live bytes in it, exactly: no peak is lost however long the trace, and the page does not grow with it.</p>\n{}",
+        timeline::embed(&pic)
+    );
     let _ = write!(h, "<h2 id=\"flamegraph\">Flame graph of the peak</h2>\n{flame}");
     peak_sites(&mut h, &r);
     leaks(&mut h, &r);
