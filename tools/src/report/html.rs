@@ -145,11 +145,8 @@ fn overview(h: &mut String, r: &TraceReport) {
 
 /// A kind's name back to the kind (the report keeps names).
 fn kind_of(name: &str) -> gpumemtrace_format::MemKind {
-    use gpumemtrace_format::MemKind::*;
-    [Device, Managed, HostPinned, VmmPhysical, VmmReserved, VmmMapped, Block]
-        .into_iter()
-        .find(|k| k.name() == name)
-        .unwrap_or(Device)
+    use gpumemtrace_format::MemKind;
+    MemKind::ALL.into_iter().find(|k| k.name() == name).unwrap_or(MemKind::Device)
 }
 
 fn sites_table(h: &mut String, sites: &[Site]) {
