@@ -81,7 +81,9 @@ pub fn lanes(spans: &[PhaseSpan], end_ns: u64, width: f64) -> Lanes {
         let (a, b) = (px(s.start_ns), px(s.end_ns));
         let narrow = b - a < 1.0;
         if let Some((bar, col_end, bar_narrow)) = &mut open[lane] {
-            if narrow && *bar_narrow && a < *col_end {
+            // Within the bar's pixel; or, of its one name, less than a pixel after it.
+            let same = !bar.mixed && bar.names[0] == s.name;
+            if narrow && *bar_narrow && (a < *col_end || (same && a < *col_end + 1.0)) {
                 bar.end_ns = bar.end_ns.max(s.end_ns);
                 *col_end = col_end.max(b);
                 bar.spans += 1;
@@ -170,6 +172,12 @@ mod tests {
         spans.extend((0..9u32).map(|d| span("deep", d, false, 100 + u64::from(d), 900)));
         let l = lanes(&spans, 1000, 100.0);
         assert_eq!(l.bars[0].label(), "step ×10");
+        // Spans of one name with gaps narrower than a pixel between them: one bar too.
+        let gapped: Vec<PhaseSpan> = (0..1000u64).map(|i| span("forward", 1, false, i * 10 + 1, i * 10 + 9)).collect();
+        let l = lanes(&gapped, 10_000, 100.0);
+        assert_eq!(l.bars.len(), 1);
+        assert_eq!(l.bars[0].label(), "forward ×1000");
+        let l = lanes(&spans, 1000, 100.0);
         assert_eq!(l.kinds.len(), MAX_DEPTH_LANES);
         assert_eq!(l.folded, 3, "depths 6, 7 and 8 share the last lane");
         assert_eq!(l.bars.iter().filter(|b| b.lane == MAX_DEPTH_LANES - 1).count(), 4);
