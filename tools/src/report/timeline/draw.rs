@@ -532,10 +532,11 @@ fn notes<'a>(trace: &Trace, lanes: &Lanes, series: impl Iterator<Item = &'a Seri
     if lanes.merged > 0 {
         out.push((
             format!(
-                "{} phase spans drawn as {} bars: {} spans narrower than a pixel merged with their neighbours (grey: several names)",
+                "{} phase spans drawn as {} bars: {} spans narrower than a pixel merged with their neighbours{}",
                 lanes.spans,
                 lanes.bars.len(),
-                lanes.merged
+                lanes.merged,
+                if lanes.bars.iter().any(|b| b.mixed) { " (grey: several names)" } else { "" }
             ),
             false,
         ));
