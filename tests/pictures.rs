@@ -154,7 +154,7 @@ fn tags<'a>(svg: &'a str, class: &str) -> Vec<&'a str> {
 
 /// The smallest y (the highest point) of a path's coordinates.
 fn top_of(d: &str) -> f64 {
-    d.split(|c: char| c == 'M' || c == 'L' || c == ' ')
+    d.split(['M', 'L', ' '])
         .filter_map(|p| p.split_once(','))
         .map(|(_, y)| y.parse::<f64>().unwrap())
         .fold(f64::MAX, f64::min)
@@ -196,7 +196,7 @@ fn the_timeline_of_a_long_run_is_bounded_keeps_its_peak_and_says_what_it_reduced
     assert!((top_of(attr(line, "d")) - py).abs() < 0.01, "line top {} vs peak {py}", top_of(attr(line, "d")));
     // ... for the spike's pixel or two only: the rest of the run is drawn at its own height.
     let pts: Vec<(f64, f64)> = attr(line, "d")
-        .split(|c: char| c == 'M' || c == 'L' || c == ' ')
+        .split(['M', 'L', ' '])
         .filter_map(|p| p.split_once(','))
         .map(|(x, y)| (x.parse().unwrap(), y.parse().unwrap()))
         .collect();

@@ -88,7 +88,7 @@ pub fn lanes(spans: &[PhaseSpan], end_ns: u64, width: f64) -> Lanes {
                 *col_end = col_end.max(b);
                 bar.spans += 1;
                 out.merged += if bar.spans == 2 { 2 } else { 1 };
-                if !bar.names.iter().any(|n| *n == s.name) {
+                if !bar.names.contains(&s.name) {
                     bar.mixed = true;
                     if bar.names.len() < NAMES_LISTED {
                         bar.names.push(s.name.clone());
