@@ -77,7 +77,7 @@ Examples:
         /// Output file: .html [default: stdout]
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
-        /// Call sites per list [default: 10]
+        /// Call sites per list
         #[arg(long, value_name = "N", default_value_t = 10)]
         top: usize,
     },
