@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Makes the pictures in docs/: traces tests/emucuda/prog_phases (a toy training loop with NVTX
 # ranges and gpumemtrace_mark phases, on the emulated CUDA: no GPU needed), then renders the
-# timeline (SVG and HTML), the flame graphs, and PNG screenshots of them with headless
-# Chromium when it is installed (apt-get install chromium).
+# timeline (SVG and HTML), the HTML report, the flame graphs, and PNG screenshots of them with
+# headless Chromium when it is installed (apt-get install chromium), else with resvg.
 #   examples/pictures.sh [OUTDIR]        default OUTDIR: docs/pictures
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -20,6 +20,7 @@ rm -rf "$traces" && mkdir -p "$traces"
 t="$(ls "$traces"/*.trace)"
 "$g" timeline "$t" -o "$out/timeline.svg"
 "$g" timeline "$t" -o "$out/timeline.html"
+"$g" report "$t" -o "$out/report.html"
 "$g" flamegraph "$t" --of peak -o "$out/flamegraph-peak.svg"
 "$g" flamegraph "$t" --of allocated -o "$out/flamegraph-allocated.svg"
 "$g" flamegraph "$t" --of allocated --folded > "$out/allocated.folded"
@@ -33,5 +34,9 @@ if [ -n "$chrome" ]; then
     }
     shot "$out/timeline.svg" 1200,315 "$out/timeline.png"
     shot "$out/flamegraph-allocated.svg" 1200,230 "$out/flamegraph.png"
+elif command -v resvg >/dev/null; then
+    # resvg (cargo install resvg) renders the SVGs themselves.
+    resvg "$out/timeline.svg" "$out/timeline.png"
+    resvg "$out/flamegraph-allocated.svg" "$out/flamegraph.png"
 fi
 ls -l "$out"

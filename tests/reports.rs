@@ -218,7 +218,7 @@ fn perfetto_export_is_valid_trace_event_json() {
     let t = phases_trace("4");
     let v: Value = serde_json::from_slice(&export(&t, "perfetto", &[])).unwrap();
     let events = v["traceEvents"].as_array().unwrap();
-    let (mut counters, mut instants, mut complete, mut max_live) = (0, 0, 0, 0);
+    let (mut counters, mut instants, mut complete, mut max_live, mut allocs) = (0, 0, 0, 0, 0);
     for e in events {
         // The trace-event format: name, ph, pid, tid; ts in microseconds (not for metadata).
         assert!(e["name"].is_string() && e["pid"].is_u64() && e["tid"].is_u64(), "{e}");
@@ -230,6 +230,12 @@ fn perfetto_export_is_valid_trace_event_json() {
                 let args = e["args"].as_object().unwrap();
                 assert!(!args.is_empty() && args.values().all(Value::is_u64), "{e}");
                 max_live = max_live.max(args["live"].as_u64().unwrap());
+            }
+            "i" if e["cat"] == "alloc" => {
+                // Every allocation, on its thread, with its site (tests/pictures.rs has more).
+                allocs += 1;
+                assert_eq!(e["s"], "t");
+                assert!(e["args"]["site"].as_str().unwrap().contains("prog_phases.c:"), "{e}");
             }
             "i" => {
                 instants += 1;
@@ -247,6 +253,7 @@ fn perfetto_export_is_valid_trace_event_json() {
     assert!(counters > 10);
     assert_eq!(max_live, 124 * MIB);
     assert_eq!(instants, 1);
+    assert_eq!(allocs, 13);
     assert_eq!(complete, 4 + 6 + 2); // marks, ranges, nested ranges
     assert_eq!(v["displayTimeUnit"], "ms");
 }

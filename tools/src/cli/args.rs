@@ -62,9 +62,24 @@ Examples:
     Timeline {
         #[command(flatten)]
         sel: Select,
-        /// Output file: .svg or .html [default: SVG on stdout]
+        /// Output file: .svg or .html (no other format) [default: SVG on stdout]
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
+    },
+    /// One self-contained HTML report: timeline, flame graph of the peak, top sites, leaks, failures
+    #[command(after_help = "\
+Examples:
+  gpumemtrace report app.trace -o report.html      open it in a browser; no network needed
+  gpumemtrace report traces/ --pid 1234 --device 0 -o gpu0.html")]
+    Report {
+        #[command(flatten)]
+        sel: Select,
+        /// Output file: .html [default: stdout]
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// Call sites per list
+        #[arg(long, value_name = "N", default_value_t = 10)]
+        top: usize,
     },
     /// Flame graph of bytes by call stack (inferno), or folded stacks
     #[command(after_help = "\

@@ -11,6 +11,7 @@ use crate::error::{json_error, Error, Result};
 use crate::read::input::{self, one_trace, only_trace, traces_of};
 use crate::model::{Filter, Observer, Outcome, Trace};
 use crate::report::{check, diff, dump, export, flamegraph, phases, summary, timeline};
+use crate::report::html;
 use crate::symbolize::Symbolizer;
 
 /// Runs the command; returns the exit status (0: success, 1: a trace failed its budget or could
@@ -52,6 +53,7 @@ pub fn run(cmd: Cmd) -> Result<u8> {
         Cmd::Phases { sel, json } => phases_cmd(&sel, json).map(|_| 0),
         Cmd::Live { trace, interval, report } => live_cmd(&trace, interval, report),
         Cmd::Tree { sel, of, min_percent, level, json } => tree_cmd(&sel, of, min_percent, level, json).map(|_| 0),
+        Cmd::Report { sel, output, top } => report_cmd(&sel, output.as_deref(), top).map(|_| 0),
         Cmd::Check { traces, max_peak, max_leaked, max_failed, max_allocated, max_reserved, device, phase, pid, json, scope } => {
             let b = check::Budgets { max_peak, max_leaked, max_failed, max_allocated, max_reserved, device };
             check_cmd(&traces, &b, phase, pid, json, &scope)
@@ -141,14 +143,49 @@ fn output(path: Option<&Path>, write: impl FnOnce(&mut dyn Write) -> io::Result<
 }
 
 fn timeline_cmd(sel: &Select, out: Option<&Path>) -> Result<()> {
+    let html = picture_format(out, &["svg", "html", "htm"], "timeline")?.is_some_and(|e| e != "svg");
     let path = one_trace(&sel.trace, sel.pid)?;
-    let t = load(&path, &filter(sel), &mut ())?;
-    let html = out.is_some_and(|p| p.extension().is_some_and(|e| e == "html" || e == "htm"));
-    let page = timeline::render(&t, sel.device, html);
+    let mut reserved = timeline::Reserved::default();
+    let t = load(&path, &filter(sel), &mut reserved)?;
+    let pic = timeline::render(&t, sel.device, &reserved.series, html);
+    let page = if html { timeline::page(&pic) } else { pic.svg };
+    output(out, |w| w.write_all(page.as_bytes()))
+}
+
+/// The extension of a picture's output file when it is one of `allowed`; an error naming them
+/// otherwise (`-o x.png` must not write SVG under a PNG name). A path without an extension
+/// that is no regular file (`/dev/stdout`, a pipe) takes the first format.
+fn picture_format(out: Option<&Path>, allowed: &[&str], what: &str) -> Result<Option<String>> {
+    let Some(p) = out else { return Ok(None) };
+    let ext = p.extension().map(|e| e.to_string_lossy().to_ascii_lowercase());
+    match ext {
+        Some(e) if allowed.contains(&e.as_str()) => Ok(Some(e)),
+        None if std::fs::metadata(p).is_ok_and(|m| !m.is_file()) => Ok(Some(allowed[0].to_string())),
+        _ => {
+            let mut list: Vec<String> = allowed.iter().map(|a| format!(".{a}")).collect();
+            let last = list.pop().unwrap_or_default();
+            let list = if list.is_empty() { last } else { format!("{} or {last}", list.join(", ")) };
+            let got = ext.map_or("a file without an extension".to_string(), |e| format!(".{e}"));
+            let hint = if got == ".png" { "; for a PNG, open the .svg or .html in a browser and save a screenshot" } else { "" };
+            Err(Error::new(format!("{}: {what} writes {list} only, not {got}{hint}", p.display())).status(2))
+        }
+    }
+}
+
+fn report_cmd(sel: &Select, out: Option<&Path>, top: usize) -> Result<()> {
+    picture_format(out, &["html", "htm"], "report")?;
+    let path = one_trace(&sel.trace, sel.pid)?;
+    let mut reserved = timeline::Reserved::default();
+    let t = load(&path, &filter(sel), &mut reserved)?;
+    let shown = html::Shown { top, device: sel.device, phase: sel.phase.clone() };
+    let page = html::render(&path, &t, &reserved.series, &shown);
     output(out, |w| w.write_all(page.as_bytes()))
 }
 
 fn flamegraph_cmd(sel: &Select, of: flamegraph::Of, level: flamegraph::Level, folded: bool, out: Option<&Path>) -> Result<()> {
+    if !folded {
+        picture_format(out, &["svg"], "flamegraph (without --folded)")?;
+    }
     let path = one_trace(&sel.trace, sel.pid)?;
     let t = load(&path, &filter(sel), &mut ())?;
     let mut sym = Symbolizer::new();
@@ -195,8 +232,9 @@ fn export_cmd(
         ExportFormat::Perfetto => {
             let mut pools = export::perfetto::PoolCounters::default();
             let t = load(&path, &f, &mut pools)?;
-            let v = export::perfetto::render(&t, sel.device, &pools);
-            output(out, |w| serde_json::to_writer(&mut *w, &v).map_err(json_error))
+            let mut sym = Symbolizer::new();
+            let mut sym = sym.for_trace(&t.modules);
+            output(out, |w| export::perfetto::write(&t, sel.device, &pools, &mut sym, w))
         }
         ExportFormat::Speedscope => {
             let t = load(&path, &f, &mut ())?;

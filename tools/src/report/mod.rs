@@ -6,6 +6,7 @@ pub mod diff;
 pub mod dump;
 pub mod export;
 pub mod flamegraph;
+pub mod html;
 pub mod live;
 pub mod merged;
 pub mod phases;

@@ -1,45 +1,83 @@
-//! Chrome / Perfetto trace-event JSON (opens in ui.perfetto.dev and chrome://tracing): a
-//! counter track of live bytes per device and memory kind, an instant event per failed
-//! allocation, and phases as complete ("X") events on their threads. On a device with blocks
-//! (PyTorch's caching allocator), two exact tracks instead of the blocks' sampled one:
-//! `allocated` (live blocks) and `reserved` (segments), a point at every change.
+//! Chrome / Perfetto trace-event JSON (opens in ui.perfetto.dev and chrome://tracing):
+//! - a counter track of live bytes per device and memory kind, exact: a sample at every change,
+//!   the replay's own live bytes (the summary's peaks and ends);
+//! - on a device with blocks (PyTorch's caching allocator), `allocated` (live blocks) and
+//!   `reserved` (segments) tracks instead of the blocks' one, exact too;
+//! - an instant event per allocation on its thread, carrying its size, address, call site and
+//!   stack (from the site outwards), and one per failed allocation;
+//! - phases as complete ("X") events on their threads.
+//!
+//! Written as it goes (one event at a time), so a long trace needs no tree of JSON values.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, Write};
 
 use gpumemtrace_format::MemKind;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::pool_steps::StepPools;
-use crate::model::{Observer, Step, StepKind, Trace};
+use crate::model::{GroupKey, Observer, Step, StepKind, Trace};
+use crate::symbolize::TraceSymbolizer;
 use crate::units::{cuda_result, size};
 
-/// Allocated and reserved bytes per device at each change, `(time ns, bytes)`, collected while
-/// the model replays (an observer of the loader's replay). They are the
-/// model's own pool figures (the same `Pools`), so their peaks and last values are the summary's.
+/// Frames of an allocation's stack its event carries at most (from the call site outwards).
+pub const STACK_FRAMES: usize = 16;
+
+/// One allocation, for its instant event.
+struct Alloc {
+    time_ns: u64,
+    key: GroupKey,
+    size: u64,
+    addr: u64,
+    stack: u32,
+    tid: u32,
+    api: u32,
+}
+
+/// Live bytes per group, allocated and reserved per device with blocks, each `(time ns,
+/// bytes)` at every change; and the allocations. Collected while the model replays (an
+/// observer of the loader's replay): the replay's own live bytes and the model's own pool
+/// figures (the same `Pools`), so peaks and last values are the summary's.
 #[derive(Default)]
 pub struct PoolCounters {
     steps: StepPools,
+    pub live: BTreeMap<GroupKey, Vec<(u64, u64)>>,
     pub allocated: BTreeMap<i32, Vec<(u64, u64)>>,
     pub reserved: BTreeMap<i32, Vec<(u64, u64)>>,
+    allocs: Vec<Alloc>,
+    apis: Vec<String>,
+    api_ids: HashMap<String, u32>,
+}
+
+fn push(points: &mut Vec<(u64, u64)>, t: u64, v: u64) {
+    if points.last().is_none_or(|&(_, last)| last != v) {
+        points.push((t, v));
+    }
 }
 
 impl Observer for PoolCounters {
     fn step(&mut self, s: &Step) {
-        if !matches!(s.kind, StepKind::Alloc | StepKind::Free)
-            || !matches!(s.key.kind, MemKind::Block | MemKind::Device | MemKind::VmmMapped)
-        {
+        if !matches!(s.kind, StepKind::Alloc | StepKind::Free) {
+            return;
+        }
+        push(self.live.entry(s.key).or_default(), s.time_ns, s.group_live);
+        if s.kind == StepKind::Alloc {
+            let next = self.apis.len() as u32;
+            let api = *self.api_ids.entry(s.api.to_string()).or_insert(next);
+            if api == next {
+                self.apis.push(s.api.to_string());
+            }
+            self.allocs.push(Alloc { time_ns: s.time_ns, key: s.key, size: s.size, addr: s.addr, stack: s.stack, tid: s.tid, api });
+        }
+        if !matches!(s.key.kind, MemKind::Block | MemKind::Device | MemKind::VmmMapped) {
             return;
         }
         self.steps.apply(s);
         // Only the step's own device changes (a free's key is that of what it freed).
         let d = s.key.device;
         let Some(p) = self.steps.pools.by_device.get(&d) else { return };
-        for (series, v) in [(&mut self.allocated, p.allocated), (&mut self.reserved, p.reserved)] {
-            let points = series.entry(d).or_default();
-            if points.last().is_none_or(|&(_, last)| last != v) {
-                points.push((s.time_ns, v));
-            }
-        }
+        push(self.allocated.entry(d).or_default(), s.time_ns, p.allocated);
+        push(self.reserved.entry(d).or_default(), s.time_ns, p.reserved);
     }
 }
 
@@ -47,15 +85,38 @@ fn us(ns: u64) -> f64 {
     ns as f64 / 1000.0
 }
 
-pub fn render(trace: &Trace, device: Option<i32>, pools: &PoolCounters) -> Value {
+/// The `"site": ..., "stack": [...]` members of a stack's events, as JSON text.
+fn stack_args(trace: &Trace, sym: &mut TraceSymbolizer, stack: u32) -> String {
+    let loc = crate::symbolize::locate(trace, sym, stack);
+    let frames: Vec<String> = loc
+        .frames
+        .get(loc.site_index..)
+        .unwrap_or_default()
+        .iter()
+        .filter(|f| f.address != 0 || f.python)
+        .take(STACK_FRAMES)
+        .map(|f| f.describe())
+        .collect();
+    let site = if frames.is_empty() { "(no stack captured)".to_string() } else { loc.site.describe() };
+    format!("\"site\":{},\"stack\":{}", json!(site), json!(frames))
+}
+
+/// Writes the trace-event JSON of `trace` (only `device`'s memory when given).
+pub fn write(
+    trace: &Trace,
+    device: Option<i32>,
+    c: &PoolCounters,
+    sym: &mut TraceSymbolizer,
+    out: &mut dyn Write,
+) -> io::Result<()> {
     let pid = trace.process.as_ref().map_or(0, |p| p.pid);
     let exe = trace.process.as_ref().map_or("?", |p| p.exe.as_str());
-    let mut ev = vec![json!({
-        "name": "process_name", "ph": "M", "pid": pid, "tid": 0,
-        "args": { "name": format!("{exe} (pid {pid})") }
-    })];
-    for (key, series) in &trace.series {
-        if device.is_some_and(|d| d != key.device) || (key.kind == MemKind::Block && pools.allocated.contains_key(&key.device)) {
+    let wanted = |d: i32| device.is_none_or(|w| w == d);
+    out.write_all(b"{\"traceEvents\":[\n")?;
+    let meta = json!({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": { "name": format!("{exe} (pid {pid})") }});
+    serde_json::to_writer(&mut *out, &meta)?;
+    for (key, points) in c.live.iter().filter(|(k, _)| wanted(k.device)) {
+        if key.kind == MemKind::Block && c.allocated.contains_key(&key.device) {
             continue;
         }
         let name = if key.device < 0 {
@@ -63,42 +124,56 @@ pub fn render(trace: &Trace, device: Option<i32>, pools: &PoolCounters) -> Value
         } else {
             format!("device {} {} memory (bytes)", key.device, key.kind.name())
         };
-        for (t, _lo, hi, last) in series.points() {
-            ev.push(json!({"name": name, "ph": "C", "ts": us(t), "pid": pid, "tid": 0, "args": {"live": hi}}));
-            if last != hi {
-                let t2 = t + series.bucket_ns / 2;
-                ev.push(json!({"name": name, "ph": "C", "ts": us(t2), "pid": pid, "tid": 0, "args": {"live": last}}));
-            }
+        let name = json!(name).to_string();
+        for &(t, v) in points {
+            write!(out, ",\n{{\"name\":{name},\"ph\":\"C\",\"ts\":{},\"pid\":{pid},\"tid\":0,\"args\":{{\"live\":{v}}}}}", us(t))?;
         }
     }
-    let exact = [("allocated", "blocks", &pools.allocated), ("reserved", "segments", &pools.reserved)];
-    for (arg, what, series) in exact {
-        for (d, points) in series.iter().filter(|(d, _)| device.is_none_or(|w| w == **d)) {
-            let name = format!("device {d} {arg} ({what}, bytes)");
+    // Devices whose blocks lay in segments: the caching allocator's two levels.
+    let with_blocks = |d: &i32| trace.pools.contains_key(d) && wanted(*d);
+    for (arg, what, series) in [("allocated", "blocks", &c.allocated), ("reserved", "segments", &c.reserved)] {
+        for (d, points) in series.iter().filter(|(d, _)| with_blocks(d)) {
+            let name = json!(format!("device {d} {arg} ({what}, bytes)")).to_string();
             for &(t, v) in points {
-                ev.push(json!({"name": name, "ph": "C", "ts": us(t), "pid": pid, "tid": 0, "args": {arg: v}}));
+                write!(out, ",\n{{\"name\":{name},\"ph\":\"C\",\"ts\":{},\"pid\":{pid},\"tid\":0,\"args\":{{\"{arg}\":{v}}}}}", us(t))?;
             }
         }
     }
-    for f in trace.failures.iter().filter(|f| device.is_none_or(|d| d == f.device)) {
-        ev.push(json!({
+    let mut stacks: HashMap<u32, String> = HashMap::new();
+    for a in c.allocs.iter().filter(|a| wanted(a.key.device)) {
+        let args = stacks.entry(a.stack).or_insert_with(|| stack_args(trace, sym, a.stack));
+        let name = json!(format!("{} {}", c.apis[a.api as usize], size(a.size))).to_string();
+        write!(
+            out,
+            ",\n{{\"name\":{name},\"ph\":\"i\",\"s\":\"t\",\"ts\":{},\"pid\":{pid},\"tid\":{},\"cat\":\"alloc\",\"args\":{{\"device\":{},\"kind\":\"{}\",\"size\":{},\"addr\":\"{:#x}\",{args}}}}}",
+            us(a.time_ns),
+            a.tid,
+            a.key.device,
+            a.key.kind.name(),
+            a.size,
+            a.addr
+        )?;
+    }
+    for f in trace.failures.iter().filter(|f| wanted(f.device)) {
+        let e = json!({
             "name": format!("{} {} failed", f.api, size(f.size)),
             "ph": "i", "s": "p", "ts": us(f.time_ns), "pid": pid, "tid": 0, "cat": "failure",
             "args": {
                 "device": f.device, "kind": f.kind.name(), "size": f.size,
                 "result": cuda_result(f.result), "live_bytes_on_device": f.live_bytes_on_device
             }
-        }));
+        });
+        out.write_all(b",\n")?;
+        serde_json::to_writer(&mut *out, &e)?;
     }
     for p in &trace.spans {
-        ev.push(json!({
+        let e = json!({
             "name": p.name, "ph": "X", "ts": us(p.start_ns), "dur": us(p.end_ns - p.start_ns),
             "pid": pid, "tid": p.tid, "cat": if p.mark { "mark" } else { "phase" }
-        }));
+        });
+        out.write_all(b",\n")?;
+        serde_json::to_writer(&mut *out, &e)?;
     }
-    json!({
-        "traceEvents": ev,
-        "displayTimeUnit": "ms",
-        "otherData": { "producer": "gpumemtrace", "pid": pid, "exe": exe }
-    })
+    let other = json!({ "producer": "gpumemtrace", "pid": pid, "exe": exe });
+    write!(out, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{other}}}\n")
 }

@@ -13,4 +13,8 @@ mod temporary;
 mod tests;
 
 pub use report::Options;
+// The HTML report shows the summary as it is built and rendered here.
+pub use build::build;
+pub use render::render;
+pub use report::TraceReport;
 pub use run::run;

@@ -1,5 +1,7 @@
 //! The snapshot written as PyTorch's pickle.
 
+use std::collections::HashMap;
+
 use super::snapshot::{Segment, Snapshot};
 use crate::report::export::pickle::Pickler;
 
@@ -12,18 +14,33 @@ fn segment_type(s: &Segment) -> &'static str {
     }
 }
 
+/// Ids of shared objects: stacks by key, distinct frames by number.
+const STACKS: u64 = 1 << 40;
+const FRAMES: u64 = 2 << 40;
+
 /// The pickle, with the keys `torch.cuda.memory._snapshot()` gives each dict.
 pub fn write(snapshot: &Snapshot, out: &mut dyn std::io::Write) -> Result<(), String> {
     let mut p = Pickler::default();
+    // Two levels of sharing, as PyTorch's own snapshot has (one dict per distinct frame, see
+    // torch's py_symbolize): each distinct frame is one memoized dict, and each stack's list
+    // of them one memoized list, so an entry costs a reference, whatever its depth.
+    let mut frame_ids: HashMap<(&str, u32, &str), u64> = HashMap::new();
+    for f in snapshot.frames.values().flatten() {
+        let next = frame_ids.len() as u64;
+        frame_ids.entry((&f.filename, f.line, &f.name)).or_insert(next);
+    }
     let frames = |p: &mut Pickler, stack: u32| {
         let empty = Vec::new();
         let v = snapshot.frames.get(&stack).unwrap_or(&empty);
-        p.shared(stack.into(), |p| {
+        p.shared(STACKS | u64::from(stack), |p| {
             p.list(v, |p, f| {
-                p.dict(|d| {
-                    d.item("filename", |p| p.str(&f.filename));
-                    d.item("line", |p| p.int(f.line.into()));
-                    d.item("name", |p| p.str(&f.name));
+                let id = frame_ids[&(f.filename.as_str(), f.line, f.name.as_str())];
+                p.shared(FRAMES | id, |p| {
+                    p.dict(|d| {
+                        d.item("filename", |p| p.str(&f.filename));
+                        d.item("line", |p| p.int(f.line.into()));
+                        d.item("name", |p| p.str(&f.name));
+                    })
                 })
             })
         })
