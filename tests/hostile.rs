@@ -289,3 +289,117 @@ fn a_huge_argument_list_is_cut_and_marked_and_the_trace_reads() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Case 6: output to something that is not a regular file: /dev/null, a FIFO, a Unix socket.
+
+/// `prog args` without and with the tracer writing to `output`; the traced run must finish as
+/// the untraced one did (same exit, same result line: prog_threads's threads print in any order).
+fn same_with_output(prog: &str, a: &[&str], output: &Path) -> (Outcome, Outcome) {
+    let out = output.display().to_string();
+    let env = [("GPUMEMTRACE_OUTPUT", out.as_str())];
+    let plain = run(prog, &args(a), &[], &env, Duration::from_secs(60));
+    let traced = run(prog, &args(a), &[&shim()], &env, Duration::from_secs(60));
+    assert_eq!(traced.ended(), plain.ended(), "{prog} {a:?} -> {out}: {}", traced.stderr);
+    assert_eq!(traced.stdout.lines().last(), plain.stdout.lines().last(), "{prog} {a:?} -> {out}");
+    (plain, traced)
+}
+
+/// What the tracer said on stderr.
+fn tracer_lines(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.starts_with("gpumemtrace:")).collect()
+}
+
+/// Files the run left in its directory besides its stdout and stderr.
+fn left_over(o: &Outcome) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(&o.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "stdout" && n != "stderr")
+        .collect();
+    v.sort();
+    v
+}
+
+fn mkfifo(p: &Path) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", p.display());
+}
+
+#[test]
+fn output_to_dev_null_works_and_changes_nothing() {
+    // Before: "cannot create trace file /dev/null" (O_EXCL refuses an existing path), and as root
+    // a regular file /dev/null.1 was created in /dev instead.
+    let (_, traced) = same_with_output("prog_threads", &["2", "500"], Path::new("/dev/null"));
+    assert_eq!(tracer_lines(&traced.stderr), vec![format!("gpumemtrace: {} events traced to /dev/null", 2 * 500 * 2 + 2)]);
+    assert!(left_over(&traced).is_empty(), "{:?}", left_over(&traced));
+    for beside in ["/dev/null.journal", "/dev/null.1", "/dev/null.1.trace"] {
+        assert!(!Path::new(beside).exists(), "{beside} was created");
+    }
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
+}
+
+#[test]
+fn a_fifo_or_socket_that_nobody_reads_never_hangs_the_host() {
+    // Before: the host hung at exit, forever.
+    let dir = scratch("unread-outputs");
+    // A FIFO that no process opens: the tracer waits a second for a reader, then turns off.
+    let fifo = dir.join("none.fifo");
+    mkfifo(&fifo);
+    let (_, traced) = same_with_output("prog_threads", &["4", "2000"], &fifo);
+    let lines = tracer_lines(&traced.stderr);
+    assert_eq!(lines.len(), 1, "{}", traced.stderr);
+    assert!(lines[0].contains("no process opened for reading") && lines[0].contains("tracing is off"), "{}", lines[0]);
+
+    // A FIFO with a reader that never reads: what the pipe takes is written, then the tracer
+    // gives up after a second without progress, and says how many events were not written.
+    let fifo = dir.join("unread.fifo");
+    mkfifo(&fifo);
+    use std::os::unix::fs::OpenOptionsExt;
+    let reader = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&fifo).unwrap();
+    let (_, traced) = same_with_output("prog_threads", &["4", "20000"], &fifo);
+    let lines = tracer_lines(&traced.stderr);
+    assert_eq!(lines.len(), 1, "{}", traced.stderr);
+    assert!(lines[0].contains("took nothing for 1 s") && lines[0].contains("events recorded so far were not"), "{}", lines[0]);
+    drop(reader);
+
+    // A Unix socket whose listener never accepts, nor reads.
+    let sock = dir.join("unread.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let (_, traced) = same_with_output("prog_threads", &["4", "20000"], &sock);
+    let lines = tracer_lines(&traced.stderr);
+    assert_eq!(lines.len(), 1, "{}", traced.stderr);
+    assert!(lines[0].contains("took nothing for 1 s"), "{}", lines[0]);
+    drop(listener);
+    // No journal beside any of them, and no trace file instead of them.
+    let mut names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names, ["none.fifo", "unread.fifo", "unread.sock"]);
+}
+
+#[test]
+fn a_fifo_that_is_read_gets_the_complete_trace() {
+    let dir = scratch("read-fifo");
+    let fifo = dir.join("trace.fifo");
+    mkfifo(&fifo);
+    let path = fifo.clone();
+    // Opening for reading waits for the writer; reading ends when the writer closes.
+    let reader = std::thread::spawn(move || std::fs::read(&path).unwrap());
+    let (_, traced) = same_with_output("prog_threads", &["4", "20000"], &fifo);
+    // Should the tracer never have opened it, this lets the reader go (it then reads nothing).
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&fifo);
+    let bytes = reader.join().unwrap();
+    let copy = dir.join("copy.trace");
+    std::fs::write(&copy, &bytes).unwrap();
+    let t = read_trace(&copy);
+    assert_eq!(t.events.len(), 4 * 20000 * 2 + 4);
+    assert_eq!(t.stats.unwrap().dropped, 0);
+    assert!(t.stats.unwrap().final_);
+    assert_eq!(summary_json(&copy)["traces"][0]["status"], "complete");
+    assert_eq!(tracer_lines(&traced.stderr), vec![format!("gpumemtrace: {} events traced to {}", 4 * 20000 * 2 + 4, fifo.display())]);
+    assert!(!left_over(&traced).iter().any(|n| n.ends_with(".journal")));
+    assert!(!dir.join("trace.fifo.journal").exists());
+}
