@@ -270,6 +270,21 @@ fn a_panic_in_the_tracer_turns_tracing_off_with_one_line_and_the_program_goes_on
 }
 
 #[test]
+fn a_host_that_puts_its_own_file_on_stderr_never_gets_a_line_of_ours_in_it() {
+    // The panic turns tracing off after the host replaced descriptor 2: the line saying so, and
+    // the exit line, would have gone into the host's file (the exit line was checked; this one
+    // was not).
+    let run = run_traced("prog_lifecycle", &["stderr-file"], &[("GPUMEMTRACE_TEST_PANIC_AT", "2"), ("GPUMEMTRACE_QUIET", "0")]);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    assert_eq!(std::fs::read_to_string(run.dir.join("host-stderr.txt")).unwrap(), "host line\n");
+    assert!(tracer_lines(&run.stderr).is_empty(), "{}", run.stderr);
+    // The reason is in the trace instead.
+    let t = run.trace();
+    assert_eq!(alloc_sizes(&t), vec![MIB]);
+    assert!(t.notices.iter().any(|n| n.contains("tracing stopped early") && n.contains("deliberate panic")), "{:?}", t.notices);
+}
+
+#[test]
 fn an_unwritable_output_directory_is_reported_once_and_changes_nothing_else() {
     let dir = scratch("unwritable");
     let out = Command::new(emu().join("prog_runtime_dynamic"))

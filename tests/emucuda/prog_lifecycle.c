@@ -15,6 +15,8 @@
  *                   multiprocessing workers do; prints child_pid=
  *   closefrom       allocates, closes every descriptor above 2 (as daemons do), opens its own
  *                   file host.txt, writes one line to it, allocates twice more, waits 50 ms
+ *   stderr-file     allocates, puts its own file host-stderr.txt on descriptor 2 (dup2),
+ *                   writes one line to it, allocates twice more
  *   handler         installs its own SIGSEGV handler (prints "own handler ran", exits 42),
  *                   then segfaults: the program's handler must still run
  */
@@ -153,6 +155,17 @@ int main(int argc, char **argv)
         sleep_ms(50);
         close(fd);
         printf("host_fd=%d\n", fd);
+        return 0;
+    }
+    if (!strcmp(mode, "stderr-file")) {
+        int fd;
+        alloc_leak(1 * MiB);
+        fd = open("host-stderr.txt", O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0 || dup2(fd, 2) != 2 || write(2, "host line\n", 10) != 10)
+            return 4;
+        close(fd);
+        alloc_leak(2 * MiB);
+        alloc_leak(3 * MiB);
         return 0;
     }
     if (!strcmp(mode, "fork-_exit")) {
