@@ -246,6 +246,33 @@ fn a_slow_writer_applies_back_pressure_without_dropping() {
     assert_eq!((live, json["traces"][0]["unknown_frees"].as_array().unwrap().len()), (8, 0));
 }
 
+#[test]
+fn a_stalled_output_costs_the_host_a_bounded_wait_and_every_event_given_up_is_counted() {
+    // The writer sleeps 3 s before each batch (a disk that takes seconds per write). Hooks wait
+    // for room at most 1 s, then give events up (counted) instead of running at disk speed.
+    let (threads, pairs) = (4u64, 20_000u64);
+    let run = run_traced(
+        "prog_threads",
+        &[&threads.to_string(), &pairs.to_string()],
+        &[("GPUMEMTRACE_FRAMES", "4"), ("GPUMEMTRACE_TEST_WRITER_DELAY_US", "3000000")],
+    );
+    assert!(run.out.status.success(), "{}", run.stderr);
+    assert!(run.stdout.contains(&format!("total_pairs={}", threads * pairs)), "{}", run.stdout);
+    let t = run.trace();
+    let made = threads * (2 * pairs + 1); // each thread: its pairs and one leak
+    let recorded = t.events.len() as u64;
+    let stats = t.stats.unwrap();
+    assert!(stats.final_);
+    let given_up = stats.dropped;
+    assert!(given_up > 0 && recorded > 0, "recorded {recorded}, given up {given_up}");
+    assert_eq!(recorded + given_up, made, "every event is either in the trace or counted as given up");
+    let notice = format!("{given_up} events were lost: the trace's output did not keep up (a hook waits at most 1000 ms for room)");
+    assert!(t.notices.contains(&notice), "{:?}", t.notices);
+    // The summary says so too.
+    let json = summary_json(&run.traces[0]);
+    assert_eq!(json["traces"][0]["dropped"], given_up, "{json}");
+}
+
 /// The program's stdout when run without the tracer (normalized).
 fn untraced_stdout(prog: &str) -> String {
     let out = Command::new(emu().join(prog)).env("EMUCUDA_DEVICES", "2").output().unwrap();
