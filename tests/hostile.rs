@@ -403,3 +403,69 @@ fn a_fifo_that_is_read_gets_the_complete_trace() {
     assert!(!left_over(&traced).iter().any(|n| n.ends_with(".journal")));
     assert!(!dir.join("trace.fifo.journal").exists());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Case 7: what a trace names (module paths, program and function names) cannot hurt its reader.
+
+/// A hand-built trace: a process called `args`, one module at `module` holding both frames of
+/// stack 1, one 1 MiB allocation from it, and what `more` adds before the event.
+fn hand_built(args: &[&str], module: &str, more: &[gpumemtrace_format::Record]) -> Vec<u8> {
+    use gpumemtrace_format::{header, Api, Encoder, Event, MemKind, Module, Op, Process, Record, Stack, Stats};
+    let mut bytes = header().to_vec();
+    let mut enc = Encoder::new();
+    let mut recs = vec![
+        Record::Process(Process {
+            pid: 4321,
+            ppid: 1,
+            exe: args[0].into(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            max_frames: 32,
+            ..Process::default()
+        }),
+        Record::Api(Api { id: 1, name: "cudaMalloc".into(), kind: MemKind::Device, op: Op::Alloc }),
+        Record::Module(Module { id: 1, bias: 0x10_0000, start: 0x10_0000, end: 0x20_0000, path: module.into(), build_id: vec![] }),
+        Record::Stack(Stack { id: 1, frames: vec![0x10_1234, 0x10_5678] }),
+    ];
+    recs.extend(more.iter().cloned());
+    recs.push(Record::Event(Event { api: 1, time_ns: 10, tid: 1, stack: 1, addr: 0xa000, size: MIB, pystack: 1, ..Event::default() }));
+    recs.push(Record::Stats(Stats { events: 1, dropped: 0, final_: true }));
+    for r in &recs {
+        enc.encode(r, &mut bytes);
+    }
+    bytes
+}
+
+/// `gpumemtrace ARGS`, killed if it runs longer than a minute (None then).
+fn cli_within_a_minute(args: &[&OsString]) -> Option<std::process::Output> {
+    let mut child = Command::new(cli()).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+#[test]
+fn a_module_path_that_is_a_fifo_never_hangs_the_cli() {
+    // Before: `summary` opened the module to symbolize its frames and waited for a writer forever.
+    let dir = scratch("module-fifo");
+    let fifo = dir.join("libfifo.so");
+    mkfifo(&fifo);
+    let trace = dir.join("t.trace");
+    std::fs::write(&trace, hand_built(&["app"], fifo.to_str().unwrap(), &[])).unwrap();
+    for report in ["summary", "flamegraph"] {
+        let out = cli_within_a_minute(&[&report.into(), &trace.clone().into_os_string()])
+            .unwrap_or_else(|| panic!("`gpumemtrace {report}` on a trace naming a FIFO as a module did not finish"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{report}: {stderr}");
+        assert!(stderr.contains(&format!("cannot open {}: not a regular file", fifo.display())), "{report}: {stderr}");
+        // The frames are shown by module and offset.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("libfifo.so+0x1233") || stdout.contains("libfifo.so+0x1234"), "{report}: {stdout}");
+    }
+}
