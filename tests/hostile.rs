@@ -469,3 +469,51 @@ fn a_module_path_that_is_a_fifo_never_hangs_the_cli() {
         assert!(stdout.contains("libfifo.so+0x1233") || stdout.contains("libfifo.so+0x1234"), "{report}: {stdout}");
     }
 }
+
+#[test]
+fn terminal_escapes_in_names_from_a_trace_are_shown_escaped_in_text_and_kept_in_json() {
+    // Before: the summary printed them raw: a trace could clear the screen (ESC [2J), set the
+    // terminal's title (ESC ]0;...BEL) or overwrite a line with a carriage return.
+    use gpumemtrace_format::{PyCode, PyFrame, PyStack, Record, Thread};
+    let dir = scratch("escapes");
+    let evil_arg = "--x\x1b]0;owned\x07\rFAKE";
+    let evil_module = format!("{}/lib\x1b[2Jevil.so", dir.display());
+    let evil_file = "/srv/\x1b[31mtrain.py";
+    let evil_function = "step\u{9b}2J";
+    let more = [
+        Record::Thread(Thread { tid: 1, name: "main".into(), python: true }),
+        Record::PyCode(PyCode {
+            id: 1,
+            name: evil_function.into(),
+            qualname: evil_function.into(),
+            filename: evil_file.into(),
+            firstlineno: 7,
+            ..PyCode::default()
+        }),
+        Record::PyStack(PyStack { id: 1, frames: vec![PyFrame { code: 1, instr_offset: 0, flags: 1 }] }),
+        Record::Notice("a notice\x1b[1A".into()),
+    ];
+    let trace = dir.join("t.trace");
+    std::fs::write(&trace, hand_built(&["/usr/bin/app\x1b[8m", evil_arg], &evil_module, &more)).unwrap();
+    let out = cli_within_a_minute(&[&"summary".into(), &"--frames".into(), &"8".into(), &trace.clone().into_os_string()]).unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for raw in ['\x1b', '\r', '\x07', '\u{9b}'] {
+        assert!(!text.contains(raw), "{raw:?} printed raw:\n{text}");
+    }
+    for shown in [
+        "/usr/bin/app\\x1b[8m",
+        "--x\\x1b]0;owned\\x07\\x0dFAKE",
+        "step\\x9b2J \\x1b[31mtrain.py:7",
+        "a notice\\x1b[1A",
+    ] {
+        assert!(text.contains(shown), "{shown} not in:\n{text}");
+    }
+    // The module's warning on stderr is escaped too.
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!stderr.contains('\x1b') && stderr.contains("lib\\x1b[2Jevil.so"), "{stderr}");
+    // JSON keeps the names as they are (its own escapes make them safe).
+    let json = summary_json(&trace);
+    assert_eq!(json["traces"][0]["args"][1], evil_arg, "{json}");
+    assert!(json.to_string().contains("\\u001b[31mtrain.py"), "{json}");
+}

@@ -141,7 +141,7 @@ impl TraceSymbolizer<'_> {
             .entry((m.path.clone(), m.build_id.clone()))
             .or_insert_with(|| {
                 DebugInfo::open(m)
-                    .map_err(|e| eprintln!("warning: {e}"))
+                    .map_err(|e| eprintln!("warning: {}", crate::units::printable(&e)))
                     .ok()
                     .flatten()
             });
