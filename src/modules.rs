@@ -41,6 +41,28 @@ pub fn loaded_objects() -> Vec<Object> {
     out
 }
 
+/// How many objects the loader has loaded so far (glibc's `dlpi_adds`): it changes with every
+/// `dlopen` that maps something, so a watcher can rescan exactly then. Cheap: the walk stops at
+/// the first object.
+pub fn load_count() -> u64 {
+    let mut adds = 0u64;
+    // SAFETY: the callback only reads the dl_phdr_info the loader hands it (checking that its
+    // size covers `dlpi_adds`), and writes the u64 we pass.
+    unsafe {
+        libc::dl_iterate_phdr(Some(first_adds), &mut adds as *mut u64 as *mut c_void);
+    }
+    adds
+}
+
+unsafe extern "C" fn first_adds(info: *mut libc::dl_phdr_info, size: usize, data: *mut c_void) -> c_int {
+    if size >= std::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) {
+        // SAFETY: `info` is valid during the call, and its size covers `dlpi_adds`; `data` is
+        // the u64 of `load_count`.
+        unsafe { *(data as *mut u64) = (*info).dlpi_adds as u64 };
+    }
+    1 // one object is enough
+}
+
 unsafe extern "C" fn collect(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
     // Never unwind into the loader.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -122,6 +144,17 @@ mod tests {
         assert_eq!(objs[0].path, std::fs::read_link("/proc/self/exe").unwrap().to_string_lossy());
         let here = the_main_program_comes_first_with_its_real_path as fn() as usize as u64;
         assert!(objs.iter().any(|o| o.contains(here)));
+    }
+
+    #[test]
+    fn the_load_count_grows_with_a_dlopen() {
+        let before = load_count();
+        assert!(before >= loaded_objects().len() as u64 - 1, "{before}");
+        let lib = std::ffi::CString::new("libutil.so.1").unwrap();
+        // SAFETY: dlopen of a system library without constructors of consequence.
+        let h = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!h.is_null(), "libutil.so.1 (part of glibc) could not be loaded");
+        assert_eq!(load_count(), before + 1, "one object mapped");
     }
 
     #[test]

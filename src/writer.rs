@@ -61,6 +61,8 @@ pub struct Writer {
     modules: Vec<Object>,
     /// Addresses found in no loaded object even after a rescan (JIT code...): don't rescan.
     unmapped: HashSet<u64>,
+    /// The loader's count of loaded objects at the last scan (`modules::load_count`).
+    loads: u64,
     pub events: u64,
     /// Events in what was written so far (the rest is in the buffer, or was lost with a write).
     written: u64,
@@ -121,6 +123,7 @@ impl Writer {
             threads: HashSet::new(),
             modules: Vec::new(),
             unmapped: HashSet::new(),
+            loads: 0,
             events: 0,
             written: 0,
             gave_up: false,
@@ -151,6 +154,7 @@ impl Writer {
     /// it is known (see `message`); returns how many entries were read.
     pub fn drain(&mut self) -> io::Result<usize> {
         let Some(jn) = self.journal else { return Ok(0) };
+        self.watch_modules()?;
         let mut n = 0;
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut r = Ok(());
@@ -387,7 +391,23 @@ impl Writer {
         self.unmapped.contains(&addr) || self.modules.iter().any(|m| m.contains(addr))
     }
 
+    /// A library loaded since the last scan (a late `dlopen`) is written to the trace now, not
+    /// when the first stack through it reaches the writer: a process killed before that still
+    /// leaves the module that its recovered stacks (from the journal) run through.
+    fn watch_modules(&mut self) -> io::Result<()> {
+        if crate::modules::load_count() == self.loads {
+            return Ok(());
+        }
+        let known = self.modules.len();
+        self.rescan_modules();
+        if self.modules.len() > known {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
     fn rescan_modules(&mut self) {
+        self.loads = crate::modules::load_count();
         for obj in loaded_objects() {
             if self.modules.iter().any(|m| m.path == obj.path && m.bias == obj.bias) {
                 continue;

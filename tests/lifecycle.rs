@@ -110,6 +110,25 @@ fn sigkill_loses_nothing_even_right_after_the_allocation() {
 }
 
 #[test]
+fn a_library_loaded_late_is_in_the_trace_for_stacks_recovered_after_sigkill() {
+    // Before: the writer scanned for modules only when a stack through one reached it; killed
+    // first, the recovered stack ran through a library the trace did not name (frames shown as
+    // bare addresses).
+    let run = run_traced("prog_lifecycle", &["dlopen-kill"], &[]);
+    assert_eq!(run.out.status.signal(), Some(libc::SIGKILL), "{}", run.stderr);
+    let t = run.trace();
+    assert_eq!(alloc_sizes(&t), vec![MIB, 4 * MIB]);
+    let lib = t.modules.iter().find(|m| m.path.ends_with("/libunwind_c.so")).unwrap_or_else(|| panic!("{:?}", t.modules));
+    let late = t.events.iter().find(|e| e.size == 4 * MIB).unwrap();
+    let frames = &t.stacks[&late.stack].frames;
+    assert!(frames.iter().any(|&a| a >= lib.start && a < lib.end), "{frames:x?} {lib:?}");
+    assert!(!t.notices.iter().any(|n| n.contains("in no module")), "{:?}", t.notices);
+    // The summary names the function in it.
+    let json = summary_json(&run.traces[0]);
+    assert!(json.to_string().contains("uc_descend"), "{json}");
+}
+
+#[test]
 fn exits_that_skip_exit_handlers_still_finish_the_trace() {
     for (mode, code) in [("_exit", 5), ("_Exit", 6), ("quick_exit", 7)] {
         let run = run_traced("prog_lifecycle", &[mode], &[]);
