@@ -57,6 +57,7 @@ impl Trace {
         let (mut python_main_seen, mut python_exit): (bool, Option<(u64, u64)>) = (false, None);
         let mut replay = Replay::new(filter, true);
         let mut groups = Groups::default();
+        groups.pools = Pools::lazy();
         let mut series = TimeSeries::default();
         let mut backward = Backward::default();
         trace.outcome = for_each_record(open().map_err(|e| e.to_string())?, recovery(), |rec| {
@@ -77,6 +78,7 @@ impl Trace {
                     e.pystack = backward.attribute(&e, is_alloc, &trace.py_codes, &trace.py_stacks);
                     e.stack = trace.stack_key(&e);
                     trace.stack_tid.entry(e.stack).or_insert(e.tid);
+                    seed_at_first_block(&mut groups.pools, &replay, &e);
                     if !replay.apply(&e, &mut All(&mut [&mut groups, &mut series, observe])) {
                         trace.unknown_api_events += 1;
                     }
@@ -105,6 +107,15 @@ impl Trace {
             }
             ControlFlow::Continue(())
         })?;
+
+        // What pass 1's live set says at the end, taken before pass 2 makes a live set of its
+        // own: two at once would double the reader's memory.
+        let displaced: Vec<GroupKey> = replay.live().displaced().map(|l| l.key).collect();
+        let leak_stacks: Vec<(GroupKey, Vec<StackUse>)> =
+            replay.groups().keys().map(|k| (*k, replay.live().by_stack(*k))).collect();
+        let direct_at_end = direct_by_stack(replay.live(), &groups.pools);
+        replay.forget_live();
+        groups.pools.forget_ranges();
 
         // Pass 2: replay again up to the last peak, snapshotting each group at its own.
         let mut snapshot_at: BTreeMap<u64, Vec<GroupKey>> = BTreeMap::new();
@@ -143,7 +154,7 @@ impl Trace {
             snapshot_at.keys().next_back().copied().max(failure_at.map(|f| f.0)).max(python_exit.map(|p| p.0));
         if let Some(last) = last_snapshot {
             let mut again = Replay::new(filter, false);
-            let mut pools = Pools::default();
+            let mut pools = Pools::lazy();
             let mut backward = Backward::default();
             // Errors were reported by pass 1, and pass 2 stops before reaching them.
             let _ = for_each_record(open().map_err(|e| e.to_string())?, recovery(), |rec| {
@@ -158,6 +169,7 @@ impl Trace {
                             // Every pair was seen by pass 1.
                             e.stack = trace.combined_ids.get(&(e.stack, e.pystack)).copied().unwrap_or(e.stack);
                         }
+                        seed_at_first_block(&mut pools, &again, &e);
                         if again.apply(&e, &mut pools) {
                             let n = again.ordinal();
                             for key in snapshot_at.get(&n).into_iter().flatten() {
@@ -191,14 +203,15 @@ impl Trace {
         }
 
         // Allocations displaced at their address and never freed: the trace missed a free.
-        let displaced: Vec<GroupKey> = replay.live().displaced().map(|l| l.key).collect();
         for key in displaced {
             groups.group(key).double_allocs += 1;
         }
         for (key, &(bytes, count)) in replay.groups() {
             let g = groups.group(*key);
             (g.live_bytes, g.live_count) = (bytes, count);
-            g.leak_stacks = replay.live().by_stack(*key);
+        }
+        for (key, stacks) in leak_stacks {
+            groups.group(key).leak_stacks = stacks;
         }
         for (device, &live) in replay.devices() {
             groups.devices.entry(*device).or_default().live_bytes = live;
@@ -215,7 +228,7 @@ impl Trace {
             }
         }
         trace.direct_leak_stacks =
-            if python_exit.is_some() { direct_at_python_exit } else { direct_by_stack(replay.live(), &groups.pools) };
+            if python_exit.is_some() { direct_at_python_exit } else { direct_at_end };
         let growth_end = trace.python_exit_ns.unwrap_or(replay.last_ns());
         trace.growth = std::mem::take(&mut groups.growth).finish(growth_end);
         trace.pools = std::mem::take(&mut groups.pools.by_device);
@@ -231,6 +244,14 @@ impl Trace {
         trace.alloc_devices = replay.admission().alloc_devices();
         trace.filtered_out = replay.admission().filtered_out;
         Ok(trace)
+    }
+}
+
+/// At the first block, lazy pools (`Pools::lazy`) learn the driver ranges live then.
+fn seed_at_first_block(pools: &mut Pools, replay: &Replay, e: &gpumemtrace_format::Event) {
+    if pools.waiting() && replay.api_of(e.api).is_some_and(|a| a.kind == MemKind::Block && a.op == Op::Alloc) {
+        let ranges = replay.live().at_addresses().filter(|(_, l)| matches!(l.key.kind, MemKind::Device | MemKind::VmmMapped));
+        pools.seed(ranges.map(|((_, addr), l)| (addr, l.size, l.key.device)));
     }
 }
 

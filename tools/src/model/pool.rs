@@ -57,10 +57,37 @@ pub struct Pool {
 #[derive(Default)]
 pub struct Pools {
     ranges: BTreeMap<u64, Range>,
+    /// Ranges are not followed until `seed` (see `lazy`).
+    waiting: bool,
     pub by_device: BTreeMap<i32, Pool>,
 }
 
 impl Pools {
+    /// Pools that follow driver ranges only from their `seed` on: a trace without blocks (no
+    /// caching allocator) then never keeps a second copy of its live device memory.
+    pub fn lazy() -> Pools {
+        Pools { waiting: true, ..Pools::default() }
+    }
+
+    /// Whether `seed` is still due (before the first block).
+    pub fn waiting(&self) -> bool {
+        self.waiting
+    }
+
+    /// The driver ranges live now (start, size, device), from the live set: from here on
+    /// ranges are followed as they come and go.
+    pub fn seed(&mut self, live: impl Iterator<Item = (u64, u64, i32)>) {
+        self.waiting = false;
+        for (addr, size, device) in live {
+            self.range_added(addr, size, device);
+        }
+    }
+
+    /// Forgets the ranges (once no more blocks will be placed); the pools' counts stay.
+    pub fn forget_ranges(&mut self) {
+        self.ranges = BTreeMap::new();
+        self.waiting = true;
+    }
     /// Follows one step of the replay; false for a block that lay in no known driver range.
     pub fn apply(&mut self, s: &Step) -> bool {
         match (s.kind, s.key.kind) {
@@ -75,7 +102,7 @@ impl Pools {
 
     /// A driver range came to life (a device allocation or a mapping).
     pub fn range_added(&mut self, addr: u64, size: u64, device: i32) {
-        if size > 0 {
+        if size > 0 && !self.waiting {
             self.ranges.insert(addr, Range { end: addr.saturating_add(size), device, pool: false });
         }
     }

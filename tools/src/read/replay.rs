@@ -253,6 +253,12 @@ impl Replay {
         &self.live
     }
 
+    /// Frees the live set once what it says has been taken (a second pass has its own: two
+    /// at once would double the reader's memory).
+    pub fn forget_live(&mut self) {
+        self.live.clear();
+    }
+
     /// Live bytes and count of every group seen, in key order.
     pub fn groups(&self) -> &BTreeMap<GroupKey, (u64, u64)> {
         &self.groups
