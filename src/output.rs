@@ -98,7 +98,8 @@ fn open_special(path: &Path) -> io::Result<Option<File>> {
                     }
                     std::thread::sleep(Duration::from_millis(10));
                 }
-                r => return r.map(Some),
+                Err(e) => return Err(e),
+                Ok(f) => return own_fifo(f).map(Some),
             }
         }
     } else if ft.is_socket() && ours {
@@ -106,6 +107,21 @@ fn open_special(path: &Path) -> io::Result<Option<File>> {
     } else {
         Ok(None)
     }
+}
+
+/// One process's trace at a time in a FIFO: two writing at once (a forked child, a spawned
+/// worker) would interleave their records into one unreadable stream. The lock lives as long as
+/// the writer's open file; a process that cannot take it does not trace.
+fn own_fifo(f: File) -> io::Result<File> {
+    // SAFETY: flock on the descriptor we just opened.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(f);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Err(io::Error::other("another process is writing its trace into this FIFO"));
+    }
+    Ok(f) // a file system without locks: nothing to enforce it with
 }
 
 /// A non-blocking connection to the Unix stream socket at `path`; a full backlog (a listener
@@ -148,7 +164,11 @@ fn connect(path: &Path) -> io::Result<File> {
 /// Opens the trace again by its path (see `Writer::own_descriptor`): appending, no symbolic link
 /// followed, never blocking (a FIFO's reader may be gone; a socket cannot be reopened).
 pub fn reopen(path: &Path) -> io::Result<File> {
-    OpenOptions::new().append(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK).open(path)
+    let f = OpenOptions::new().append(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK).open(path)?;
+    if f.metadata()?.file_type().is_fifo() {
+        return own_fifo(f);
+    }
+    Ok(f)
 }
 
 /// Writes all of `buf`, never killing the host (SIGXFSZ and SIGPIPE blocked: EFBIG and EPIPE

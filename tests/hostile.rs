@@ -517,3 +517,24 @@ fn terminal_escapes_in_names_from_a_trace_are_shown_escaped_in_text_and_kept_in_
     assert_eq!(json["traces"][0]["args"][1], evil_arg, "{json}");
     assert!(json.to_string().contains("\\u001b[31mtrain.py"), "{json}");
 }
+
+#[test]
+fn a_forked_child_never_writes_into_its_parents_fifo() {
+    // Two processes writing one FIFO would interleave their records into one unreadable stream:
+    // the first one to open it keeps it; the child says so and does not trace.
+    let dir = scratch("fifo-fork");
+    let fifo = dir.join("trace.fifo");
+    mkfifo(&fifo);
+    let path = fifo.clone();
+    let reader = std::thread::spawn(move || std::fs::read(&path).unwrap());
+    let (_, traced) = same_with_output("prog_lifecycle", &["fork"], &fifo);
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&fifo);
+    let copy = dir.join("copy.trace");
+    std::fs::write(&copy, reader.join().unwrap()).unwrap();
+    let t = read_trace(&copy);
+    assert_eq!(alloc_sizes(&t), vec![MIB, 4 * MIB], "the parent's allocations, complete");
+    assert!(t.stats.unwrap().final_);
+    let refused: Vec<&str> = tracer_lines(&traced.stderr).into_iter().filter(|l| l.contains("another process is writing its trace into this FIFO")).collect();
+    assert_eq!(refused.len(), 1, "{}", traced.stderr);
+}
