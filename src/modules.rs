@@ -58,7 +58,7 @@ unsafe extern "C" fn first_adds(info: *mut libc::dl_phdr_info, size: usize, data
     if size >= std::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) {
         // SAFETY: `info` is valid during the call, and its size covers `dlpi_adds`; `data` is
         // the u64 of `load_count`.
-        unsafe { *(data as *mut u64) = (*info).dlpi_adds as u64 };
+        unsafe { *(data as *mut u64) = (*info).dlpi_adds };
     }
     1 // one object is enough
 }

@@ -221,13 +221,15 @@ impl<W: Write> Write for Printable<W> {
             let b = buf[i];
             let lead = b == 0xc2;
             let control = (b < 0x20 && b != b'\n' && b != b'\t') || b == 0x7f || (lead && buf.get(i + 1).is_some_and(|&n| c1(n)));
-            if !control && !(lead && i + 1 == buf.len()) {
+            // A lead byte at the end of the buffer: its meaning comes with the next write.
+            let hold = lead && !control && i + 1 == buf.len();
+            if !(control || hold) {
                 i += 1;
                 continue;
             }
             self.inner.write_all(&buf[clean..i])?;
-            if !control {
-                self.held = true; // its meaning comes with the next write
+            if hold {
+                self.held = true;
                 i += 1;
             } else if lead {
                 write!(self.inner, "\\x{:02x}", buf[i + 1])?;

@@ -56,8 +56,7 @@ impl Trace {
         // Pass 1: everything but the peak snapshots.
         let (mut python_main_seen, mut python_exit): (bool, Option<(u64, u64)>) = (false, None);
         let mut replay = Replay::new(filter, true);
-        let mut groups = Groups::default();
-        groups.pools = Pools::lazy();
+        let mut groups = Groups { pools: Pools::lazy(), ..Groups::default() };
         let mut series = TimeSeries::default();
         let mut backward = Backward::default();
         trace.outcome = for_each_record(open().map_err(|e| e.to_string())?, recovery(), |rec| {
