@@ -84,7 +84,7 @@ pub struct LiveSet {
     live: Vec<Shards>,
     /// The groups slots name, and their indexes.
     groups: Vec<GroupKey>,
-    group_ids: HashMap<GroupKey, u32>,
+    group_ids: FxHashMap<GroupKey, u32>,
     /// Allocations whose address was handed out again before their free reached the trace.
     /// Threads record in parallel: thread A frees X, thread B gets X back, and B's event can be
     /// written before A's (when the writer stopped waiting for A). A free's time is taken before
