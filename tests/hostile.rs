@@ -474,7 +474,7 @@ fn a_module_path_that_is_a_fifo_never_hangs_the_cli() {
 fn terminal_escapes_in_names_from_a_trace_are_shown_escaped_in_text_and_kept_in_json() {
     // Before: the summary printed them raw: a trace could clear the screen (ESC [2J), set the
     // terminal's title (ESC ]0;...BEL) or overwrite a line with a carriage return.
-    use gpumemtrace_format::{PyCode, PyFrame, PyStack, Record, Thread};
+    use gpumemtrace_format::{Phase, PhaseOp, PyCode, PyFrame, PyStack, Record, Thread};
     let dir = scratch("escapes");
     let evil_arg = "--x\x1b]0;owned\x07\rFAKE";
     let evil_module = format!("{}/lib\x1b[2Jevil.so", dir.display());
@@ -492,6 +492,7 @@ fn terminal_escapes_in_names_from_a_trace_are_shown_escaped_in_text_and_kept_in_
         }),
         Record::PyStack(PyStack { id: 1, frames: vec![PyFrame { code: 1, instr_offset: 0, flags: 1 }] }),
         Record::Notice("a notice\x1b[1A".into()),
+        Record::Phase(Phase { time_ns: 1, tid: 1, op: PhaseOp::Mark, name: "\x1b[2Kwarmup".into() }),
     ];
     let trace = dir.join("t.trace");
     std::fs::write(&trace, hand_built(&["/usr/bin/app\x1b[8m", evil_arg], &evil_module, &more)).unwrap();
@@ -512,6 +513,10 @@ fn terminal_escapes_in_names_from_a_trace_are_shown_escaped_in_text_and_kept_in_
     // The module's warning on stderr is escaped too.
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(!stderr.contains('\x1b') && stderr.contains("lib\\x1b[2Jevil.so"), "{stderr}");
+    // The phases report too.
+    let out = cli_within_a_minute(&[&"phases".into(), &trace.clone().into_os_string()]).unwrap();
+    let phases = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success() && !phases.contains('\x1b') && phases.contains("\\x1b[2Kwarmup"), "{phases}");
     // JSON keeps the names as they are (its own escapes make them safe).
     let json = summary_json(&trace);
     assert_eq!(json["traces"][0]["args"][1], evil_arg, "{json}");
