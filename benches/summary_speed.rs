@@ -3,6 +3,10 @@
 //!
 //! The trace is synthetic but shaped like a training run: a few hundred distinct stacks, alloc/free
 //! pairs with address reuse, a slowly growing set of leaks, and one failed allocation.
+//!
+//! `LIVE=5000000 cargo bench --bench summary_speed`: instead, a trace of that many allocations
+//! never freed, for the reader's memory per live allocation (max RSS over the live count).
+//! `GPUMEMTRACE_CLI=path` measures that CLI instead of building the release one.
 
 use std::io::Write;
 use std::path::Path;
@@ -53,18 +57,55 @@ fn write_trace(path: &Path, events: u64) {
     f.write_all(&out).unwrap();
 }
 
+/// `live` allocations from 300 stacks on two devices, none freed: all live at the end.
+fn write_live_trace(path: &Path, live: u64) {
+    let mut out = Vec::with_capacity(1 << 24);
+    out.extend_from_slice(&header());
+    let mut enc = Encoder::new();
+    let mut put = |rec: &Record, out: &mut Vec<u8>| enc.encode(rec, out);
+    put(&Record::Process(Process { pid: 1, max_frames: 64, ..Process::default() }), &mut out);
+    put(&Record::Api(Api { id: 0, name: "cudaMalloc".into(), kind: MemKind::Device, op: Op::Alloc }), &mut out);
+    for id in 1..=300u32 {
+        let frames: Vec<u64> = (0..40).map(|i| 0x5555_0000_0000 + (id as u64) * 0x1000 + i * 0x40).collect();
+        put(&Record::Stack(Stack { id, frames }), &mut out);
+    }
+    let mut f = std::fs::File::create(path).unwrap();
+    for n in 0..live {
+        let addr = 0x7f00_0000_0000 + n * 512;
+        let ev = Event { api: 0, time_ns: n * 100, tid: 1, stack: (n % 300) as u32 + 1, device: (n % 2) as i32, addr, size: 512, ..Event::default() };
+        put(&Record::Event(ev), &mut out);
+        if out.len() > 1 << 24 {
+            f.write_all(&out).unwrap();
+            out.clear();
+        }
+    }
+    f.write_all(&out).unwrap();
+}
+
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let status = Command::new("cargo").args(["build", "--release", "-p", "gpumemtrace-cli"]).current_dir(root).status().unwrap();
-    assert!(status.success());
     let target = std::env::var_os("CARGO_TARGET_DIR").map(Into::into).unwrap_or_else(|| root.join("target"));
-    let cli = target.join("release/gpumemtrace");
+    let cli = match std::env::var_os("GPUMEMTRACE_CLI") {
+        Some(p) => p.into(),
+        None => {
+            let status = Command::new("cargo").args(["build", "--release", "-p", "gpumemtrace-cli"]).current_dir(root).status().unwrap();
+            assert!(status.success());
+            target.join("release/gpumemtrace")
+        }
+    };
     let dir = target.join("bench-scratch");
     std::fs::create_dir_all(&dir).unwrap();
-    let events: u64 = std::env::var("EVENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000_000);
-    let trace = dir.join(format!("synthetic-{events}.trace"));
+    let live: Option<u64> = std::env::var("LIVE").ok().and_then(|v| v.parse().ok());
+    let events: u64 = live.unwrap_or_else(|| std::env::var("EVENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000_000));
+    let trace = match live {
+        Some(n) => dir.join(format!("synthetic-live-{n}.trace")),
+        None => dir.join(format!("synthetic-{events}.trace")),
+    };
     if !trace.exists() {
-        write_trace(&trace, events);
+        match live {
+            Some(n) => write_live_trace(&trace, n),
+            None => write_trace(&trace, events),
+        }
     }
     let bytes = std::fs::metadata(&trace).unwrap().len();
     println!("| events | trace MiB | bytes/event | run | wall s | max RSS MiB |");
@@ -94,5 +135,8 @@ fn main() {
             args.join(" "),
             rss_kib as f64 / 1024.0
         );
+        if let Some(n) = live {
+            println!("max RSS per live allocation: {:.1} bytes", rss_kib as f64 * 1024.0 / n as f64);
+        }
     }
 }

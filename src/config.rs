@@ -111,7 +111,7 @@ impl Config {
             local_rank: rank("LOCAL_RANK"),
             // Test knobs exist in debug builds only (the tests run those): a release build
             // never reads them, so a stray variable cannot slow or stop a real job.
-            test_writer_delay_us: if cfg!(debug_assertions) { number("GPUMEMTRACE_TEST_WRITER_DELAY_US", 10, 1_000_000, 0) } else { 0 },
+            test_writer_delay_us: if cfg!(debug_assertions) { number("GPUMEMTRACE_TEST_WRITER_DELAY_US", 10, 10_000_000, 0) } else { 0 },
             test_panic_at: if cfg!(debug_assertions) { number("GPUMEMTRACE_TEST_PANIC_AT", 10, u64::MAX, 0) } else { 0 },
             python,
             interpreter_frames,

@@ -65,6 +65,12 @@ pub fn loaded_objects() -> Vec<Object> {
     out
 }
 
+/// How many objects the loader has loaded so far (glibc's `dlpi_adds`): it changes with every
+/// `dlopen` that maps something, so a watcher can rescan exactly then.
+pub fn load_count() -> u64 {
+    crate::phdr::loader_counters().0
+}
+
 /// The NT_GNU_BUILD_ID descriptor in a block of ELF notes (bounds-checked).
 fn find_build_id(mut notes: &[u8]) -> Option<Vec<u8>> {
     const NT_GNU_BUILD_ID: u32 = 3;
@@ -98,6 +104,17 @@ mod tests {
         assert_eq!(objs[0].path, std::fs::read_link("/proc/self/exe").unwrap().to_string_lossy());
         let here = the_main_program_comes_first_with_its_real_path as fn() as usize as u64;
         assert!(objs.iter().any(|o| o.contains(here)));
+    }
+
+    #[test]
+    fn the_load_count_grows_with_a_dlopen() {
+        let before = load_count();
+        assert!(before >= loaded_objects().len() as u64 - 1, "{before}");
+        let lib = std::ffi::CString::new("libutil.so.1").unwrap();
+        // SAFETY: dlopen of a system library without constructors of consequence.
+        let h = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!h.is_null(), "libutil.so.1 (part of glibc) could not be loaded");
+        assert_eq!(load_count(), before + 1, "one object mapped");
     }
 
     #[test]

@@ -1,10 +1,18 @@
 //! Where the trace goes, and creating it safely: never following a symlink planted in a shared
 //! directory, never overwriting another process's trace (O_EXCL), private by default (0600).
+//! A target that exists and is not a regular file (`/dev/null`, a FIFO, a Unix socket) is
+//! written to as it is, non-blocking: no write waits for it longer than `PATIENCE`.
 
 use std::fs::{File, OpenOptions};
-use std::io;
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How long a write waits for an output that takes nothing (a FIFO or socket nobody reads), and
+/// how long the start waits for a FIFO's reader: then the output is given up.
+pub const PATIENCE: Duration = Duration::from_secs(1);
 
 /// The path the trace of process `pid` should get, from `GPUMEMTRACE_OUTPUT` (or the default
 /// `gpumemtrace-<pid>.trace` in the working directory). Under a torchrun-style launcher (`RANK`
@@ -30,8 +38,12 @@ pub fn target(setting: Option<&str>, pid: u32, rank: Option<u32>) -> PathBuf {
     }
 }
 
-/// Creates the trace file at `path`, or at `name.1.trace`, `name.2.trace`... if taken.
+/// Creates the trace file at `path`, or at `name.1.trace`, `name.2.trace`... if taken. A
+/// character device, FIFO or socket at `path` itself (see `open_special`) is the target instead.
 pub fn create(path: &Path, mode: u32) -> io::Result<(File, PathBuf)> {
+    if let Some(f) = open_special(path)? {
+        return Ok((f, path.to_path_buf()));
+    }
     let mut candidate = path.to_path_buf();
     for n in 1..=1000u32 {
         match OpenOptions::new()
@@ -47,6 +59,149 @@ pub fn create(path: &Path, mode: u32) -> io::Result<(File, PathBuf)> {
         }
     }
     Err(io::Error::new(io::ErrorKind::AlreadyExists, "1000 trace files with this name exist already"))
+}
+
+/// The target is not a regular file: no journal beside it (that could be in /dev), and writes
+/// may meet a full pipe.
+pub fn is_special(f: &File) -> bool {
+    f.metadata().map(|m| !m.file_type().is_file()).unwrap_or(true)
+}
+
+/// An existing non-regular file at `path` (not through a symbolic link), opened for writing
+/// without blocking: a character device (`/dev/null`), or a FIFO or Unix socket of our own user
+/// (one planted by someone else in a shared directory is passed over like an existing file).
+/// `None`: nothing special there, the trace is a regular file.
+fn open_special(path: &Path) -> io::Result<Option<File>> {
+    let Ok(md) = std::fs::symlink_metadata(path) else { return Ok(None) };
+    let ft = md.file_type();
+    // SAFETY: geteuid has no preconditions.
+    let ours = md.uid() == unsafe { libc::geteuid() };
+    let open = |path: &Path| {
+        OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)
+    };
+    if ft.is_char_device() {
+        open(path).map(Some)
+    } else if ft.is_fifo() && ours {
+        // Opening a FIFO without a reader fails (ENXIO) rather than waiting: wait, bounded.
+        let t0 = Instant::now();
+        loop {
+            match open(path) {
+                Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                    if t0.elapsed() >= PATIENCE {
+                        return Err(io::Error::other(format!(
+                            "it is a FIFO that no process opened for reading within {} s",
+                            PATIENCE.as_secs()
+                        )));
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => return Err(e),
+                Ok(f) => return own_fifo(f).map(Some),
+            }
+        }
+    } else if ft.is_socket() && ours {
+        connect(path).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// One process's trace at a time in a FIFO: two writing at once (a forked child, a spawned
+/// worker) would interleave their records into one unreadable stream. The lock lives as long as
+/// the writer's open file; a process that cannot take it does not trace.
+fn own_fifo(f: File) -> io::Result<File> {
+    // SAFETY: flock on the descriptor we just opened.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(f);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Err(io::Error::other("another process is writing its trace into this FIFO"));
+    }
+    Ok(f) // a file system without locks: nothing to enforce it with
+}
+
+/// A non-blocking connection to the Unix stream socket at `path`; a full backlog (a listener
+/// that never accepts) is retried for at most `PATIENCE`.
+fn connect(path: &Path) -> io::Result<File> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: a zeroed sockaddr_un is valid; the path is copied within its bounds (checked).
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(io::Error::other("the socket's path is too long"));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, &b) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = b as libc::c_char;
+    }
+    // SAFETY: a new socket; on success its descriptor is ours and owned by the File.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is the socket just made, owned from here on (closed on drop).
+    let sock = unsafe { File::from_raw_fd(fd) };
+    let t0 = Instant::now();
+    loop {
+        // SAFETY: connect with an address we own and its true size.
+        let r = unsafe {
+            libc::connect(fd, (&addr as *const libc::sockaddr_un).cast(), std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t)
+        };
+        let e = io::Error::last_os_error();
+        match (r, e.raw_os_error()) {
+            (0, _) => return Ok(sock),
+            (_, Some(libc::EINTR)) => {}
+            (_, Some(libc::EAGAIN)) if t0.elapsed() < PATIENCE => std::thread::sleep(Duration::from_millis(10)),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Opens the trace again by its path (see `Writer::own_descriptor`): appending, no symbolic link
+/// followed, never blocking (a FIFO's reader may be gone; a socket cannot be reopened).
+pub fn reopen(path: &Path) -> io::Result<File> {
+    let f = OpenOptions::new().append(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK).open(path)?;
+    if f.metadata()?.file_type().is_fifo() {
+        return own_fifo(f);
+    }
+    Ok(f)
+}
+
+/// Writes all of `buf`, never killing the host (SIGXFSZ and SIGPIPE blocked: EFBIG and EPIPE
+/// instead) and never waiting longer than `PATIENCE` for an output that takes nothing more.
+pub fn write_all(file: &File, buf: &[u8]) -> io::Result<()> {
+    without_signals(&[libc::SIGXFSZ, libc::SIGPIPE], || {
+        let mut rest = buf;
+        let mut stuck_since: Option<Instant> = None;
+        while !rest.is_empty() {
+            match (&*file).write(rest) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    rest = &rest[n..];
+                    stuck_since = None;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let waited = stuck_since.get_or_insert_with(Instant::now).elapsed();
+                    let Some(left) = PATIENCE.checked_sub(waited).filter(|d| !d.is_zero()) else {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("the output took nothing for {} s (a FIFO or socket that nobody reads?)", PATIENCE.as_secs()),
+                        ));
+                    };
+                    let mut p = libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+                    // SAFETY: poll on one pollfd we own, with a bounded timeout.
+                    unsafe { libc::poll(&mut p, 1, left.as_millis().clamp(1, 100) as libc::c_int) };
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    })
 }
 
 /// `dir/name.trace` -> `dir/name.N.trace`.
@@ -68,23 +223,38 @@ pub fn identity(fd: i32) -> Option<(u64, u64)> {
 
 /// Runs `f` (a write or a resize of one of our files) with SIGXFSZ blocked: past RLIMIT_FSIZE
 /// the kernel sends it, and its default action ends the process; blocked, the call fails with
-/// EFBIG instead. The signal our call raised is consumed; one the host had pending is left.
+/// EFBIG instead.
 pub fn without_sigxfsz<R>(f: impl FnOnce() -> R) -> R {
+    without_signals(&[libc::SIGXFSZ], f)
+}
+
+/// Runs `f` with `signals` blocked (SIGXFSZ past RLIMIT_FSIZE, SIGPIPE from a FIFO or socket
+/// whose reader left: both end the process by default). A signal our call raised is consumed;
+/// one the host had pending is left.
+fn without_signals<R>(signals: &[libc::c_int], f: impl FnOnce() -> R) -> R {
     // SAFETY: signal-mask calls on local sets; the previous mask is restored before returning.
     unsafe {
-        let mut xfsz: libc::sigset_t = std::mem::zeroed();
+        let mut set: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
         let mut pending: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut xfsz);
-        libc::sigaddset(&mut xfsz, libc::SIGXFSZ);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &xfsz, &mut old);
+        libc::sigemptyset(&mut set);
+        for &s in signals {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
         libc::sigpending(&mut pending);
-        let was_pending = libc::sigismember(&pending, libc::SIGXFSZ) == 1;
+        // One bit a signal number (no allocation: this may run where a malloc wrapper reaches).
+        let was_pending = signals.iter().filter(|&&s| libc::sigismember(&pending, s) == 1).fold(0u64, |m, &s| m | 1 << s);
         let r = f();
         libc::sigpending(&mut pending);
-        if !was_pending && libc::sigismember(&pending, libc::SIGXFSZ) == 1 {
-            let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-            libc::sigtimedwait(&xfsz, std::ptr::null_mut(), &zero);
+        for &s in signals {
+            if was_pending & (1 << s) == 0 && libc::sigismember(&pending, s) == 1 {
+                let mut one: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut one);
+                libc::sigaddset(&mut one, s);
+                let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+                libc::sigtimedwait(&one, std::ptr::null_mut(), &zero);
+            }
         }
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         r

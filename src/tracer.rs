@@ -34,13 +34,33 @@ struct Tracer {
     writer: Mutex<Writer>,
     /// Testing knob: pause per writer batch (back-pressure tests).
     writer_delay: Duration,
-    /// Name the trace on stderr at exit (`Config::quiet`), if stderr is still what it was
-    /// when tracing started (device and inode): never into a file the host put in its place.
-    announce: Option<(u64, u64)>,
+    /// Name the trace on stderr at exit (`Config::quiet`; see `to_host_stderr`).
+    announce: bool,
 }
 
 fn stderr_identity() -> Option<(u64, u64)> {
     crate::output::identity(2)
+}
+
+/// The host's stderr when tracing started (device and inode; no inode: none was open). Every
+/// line the tracer writes goes there only while descriptor 2 is still that file.
+static HOST_STDERR_DEV: AtomicU64 = AtomicU64::new(0);
+static HOST_STDERR_INO: AtomicU64 = AtomicU64::new(0);
+
+fn remember_host_stderr() {
+    let (dev, ino) = stderr_identity().unwrap_or((0, 0));
+    HOST_STDERR_DEV.store(dev, SeqCst);
+    HOST_STDERR_INO.store(ino, SeqCst);
+}
+
+/// Writes `line` to stderr in one write, if descriptor 2 is still the host's stderr of when
+/// tracing started: never into a file the host has put in its place.
+fn to_host_stderr(line: &str) {
+    let was = (HOST_STDERR_DEV.load(SeqCst), HOST_STDERR_INO.load(SeqCst));
+    if was.1 != 0 && Some(was) == stderr_identity() {
+        // SAFETY: one write of our own buffer to the host's stderr, checked above.
+        unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+    }
 }
 
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
@@ -97,8 +117,7 @@ pub fn disable(why: &str) {
         *DISABLED_WHY.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.to_owned());
         // One write for the whole line: `eprintln!` writes it in pieces, and a process exiting
         // meanwhile (this may run on the writer thread) would leave half a line.
-        let line = format!("gpumemtrace: {why}; tracing is off for the rest of this process\n");
-        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        to_host_stderr(&format!("gpumemtrace: {why}; tracing is off for the rest of this process\n"));
     }
 }
 
@@ -297,6 +316,7 @@ fn start() {
     // the hook) costs the user one line from `disable`, not a backtrace. A Rust host program's
     // own hook, in its own std, is not touched.
     std::panic::set_hook(Box::new(|_| {}));
+    remember_host_stderr();
     let config = Config::from_env();
     if config.disabled {
         STATE.store(OFF, SeqCst);
@@ -332,8 +352,10 @@ fn open(config: &Config) -> Result<Tracer, String> {
     let target = crate::output::target(config.output.as_deref(), std::process::id(), config.rank);
     let (file, path) =
         crate::output::create(&target, config.file_mode).map_err(|e| format!("cannot create trace file {}: {e}", target.display()))?;
+    // No journal file beside /dev/null or a FIFO: its rings are anonymous memory then.
+    let beside = config.journal && !crate::output::is_special(&file);
     let journal: &'static Journal = Box::leak(Box::new(
-        Journal::create(&path, config.file_mode, config.journal)
+        Journal::create(&path, config.file_mode, beside)
             .map_err(|e| format!("cannot map the journal for {}: {e}", path.display()))?,
     ));
     let early = std::mem::take(&mut *EARLY_PHASES.lock().unwrap_or_else(|e| e.into_inner()));
@@ -342,7 +364,7 @@ fn open(config: &Config) -> Result<Tracer, String> {
     crate::clock::new_epoch();
     TEST_PANIC_AT.store(config.test_panic_at, SeqCst);
     let writer_delay = Duration::from_micros(config.test_writer_delay_us);
-    let announce = if config.quiet { None } else { stderr_identity() };
+    let announce = !config.quiet;
     Ok(Tracer { journal, writer: Mutex::new(writer), writer_delay, announce })
 }
 
@@ -496,10 +518,8 @@ fn write_out(t: &Tracer, final_: bool) {
         // Everything is in the trace: the journal has nothing more to tell.
         Ok(()) if final_ => {
             w.remove_journal();
-            if t.announce.is_some() && t.announce == stderr_identity() {
-                let line = format!("gpumemtrace: {} events traced to {}\n", w.events, w.path.display());
-                // SAFETY: one write of our own buffer to the host's stderr, checked above.
-                unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+            if t.announce {
+                to_host_stderr(&format!("gpumemtrace: {} events traced to {}\n", w.events, w.path.display()));
             }
         }
         Ok(()) => {}

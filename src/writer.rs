@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -61,7 +61,13 @@ pub struct Writer {
     modules: Vec<Object>,
     /// Addresses found in no loaded object even after a rescan (JIT code...): don't rescan.
     unmapped: HashSet<u64>,
+    /// The loader's count of loaded objects at the last scan (`modules::load_count`).
+    loads: u64,
     pub events: u64,
+    /// Events in what was written so far (the rest is in the buffer, or was lost with a write).
+    written: u64,
+    /// The output took nothing for `output::PATIENCE` (an unread FIFO): no write waits again.
+    gave_up: bool,
     pub dropped: u64,
     /// The body's compressor (`Config::compress`), and its output before it is written.
     zstd: Option<fmt::Compressor>,
@@ -89,7 +95,7 @@ const MAX_PENDING: usize = 65536;
 impl Writer {
     /// Writes the header, the process, the hook table and the current module map.
     pub fn create(
-        mut file: File,
+        file: File,
         path: PathBuf,
         start_ns: u64,
         config: &Config,
@@ -99,7 +105,7 @@ impl Writer {
         // Compression is an economy, not a requirement: without a compressor, plain records.
         let zstd = if config.compress { fmt::Compressor::new().ok() } else { None };
         let flags = if zstd.is_some() { fmt::flags::ZSTD } else { 0 };
-        write_all_without_sigxfsz(&mut file, &fmt::header_with(flags))?;
+        crate::output::write_all(&file, &fmt::header_with(flags))?;
         let identity = identity(&file).ok_or_else(io::Error::last_os_error)?;
         let mut w = Writer {
             file,
@@ -117,7 +123,10 @@ impl Writer {
             threads: HashSet::new(),
             modules: Vec::new(),
             unmapped: HashSet::new(),
+            loads: 0,
             events: 0,
+            written: 0,
+            gave_up: false,
             dropped: 0,
             last_flush: Instant::now(),
             pending: BTreeMap::new(),
@@ -145,6 +154,7 @@ impl Writer {
     /// it is known (see `message`); returns how many entries were read.
     pub fn drain(&mut self) -> io::Result<usize> {
         let Some(jn) = self.journal else { return Ok(0) };
+        self.watch_modules()?;
         let mut n = 0;
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut r = Ok(());
@@ -381,7 +391,23 @@ impl Writer {
         self.unmapped.contains(&addr) || self.modules.iter().any(|m| m.contains(addr))
     }
 
+    /// A library loaded since the last scan (a late `dlopen`) is written to the trace now, not
+    /// when the first stack through it reaches the writer: a process killed before that still
+    /// leaves the module that its recovered stacks (from the journal) run through.
+    fn watch_modules(&mut self) -> io::Result<()> {
+        if crate::modules::load_count() == self.loads {
+            return Ok(());
+        }
+        let known = self.modules.len();
+        self.rescan_modules();
+        if self.modules.len() > known {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
     fn rescan_modules(&mut self) {
+        self.loads = crate::modules::load_count();
         for obj in loaded_objects() {
             if self.modules.iter().any(|m| m.path == obj.path && m.bias == obj.bias) {
                 continue;
@@ -447,19 +473,46 @@ impl Writer {
         if let Some(jn) = self.journal {
             jn.propose(self.events, &at);
         }
+        if self.gave_up {
+            self.buf.clear();
+            return Err(self.lost(io::Error::new(io::ErrorKind::TimedOut, "the output stopped taking data")));
+        }
         self.own_descriptor()?;
         let r = match &mut self.zstd {
             Some(z) => {
                 self.out.clear();
-                z.compress(&self.buf, &mut self.out).and_then(|_| write_all_without_sigxfsz(&mut self.file, &self.out))
+                z.compress(&self.buf, &mut self.out).and_then(|_| crate::output::write_all(&self.file, &self.out))
             }
-            None => write_all_without_sigxfsz(&mut self.file, &self.buf),
+            None => crate::output::write_all(&self.file, &self.buf),
         };
         self.buf.clear();
-        if let (Ok(()), Some(jn)) = (&r, self.journal) {
-            jn.commit(&at);
+        match r {
+            Ok(()) => {
+                self.written = self.events;
+                if let Some(jn) = self.journal {
+                    jn.commit(&at);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.gave_up |= e.kind() == io::ErrorKind::TimedOut;
+                Err(self.lost(e))
+            }
         }
-        r
+    }
+
+    /// A write error, with what it cost: the events recorded but not written (a journal beside
+    /// a regular trace still holds them for a reader).
+    fn lost(&self, e: io::Error) -> io::Error {
+        let what = if self.journal_file() { "; the journal beside it keeps them" } else { "" };
+        io::Error::new(
+            e.kind(),
+            format!("{e}; {} of the {} events recorded so far were not (or not wholly) written{what}", self.events - self.written, self.events),
+        )
+    }
+
+    fn journal_file(&self) -> bool {
+        self.journal.is_some_and(|jn| jn.path.is_some())
     }
 
     /// The trace is complete and written: the journal can go.
@@ -493,11 +546,7 @@ impl Writer {
             return Ok(());
         }
         use std::os::fd::{FromRawFd, IntoRawFd};
-        use std::os::unix::fs::OpenOptionsExt;
-        let f = std::fs::OpenOptions::new()
-            .append(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&self.path)?;
+        let f = crate::output::reopen(&self.path)?;
         if identity(&f) != Some(self.identity) {
             return Err(io::Error::other("the trace file was replaced"));
         }
@@ -512,11 +561,6 @@ impl Writer {
         }
         Ok(())
     }
-}
-
-/// Writes `buf`, but never lets the write kill the host (see `output::without_sigxfsz`).
-fn write_all_without_sigxfsz(file: &mut File, buf: &[u8]) -> io::Result<()> {
-    crate::output::without_sigxfsz(|| file.write_all(buf))
 }
 
 fn process_info(start_ns: u64, config: &Config) -> fmt::Process {

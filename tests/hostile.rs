@@ -289,3 +289,257 @@ fn a_huge_argument_list_is_cut_and_marked_and_the_trace_reads() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Case 6: output to something that is not a regular file: /dev/null, a FIFO, a Unix socket.
+
+/// `prog args` without and with the tracer writing to `output`; the traced run must finish as
+/// the untraced one did (same exit, same result line: prog_threads's threads print in any order).
+fn same_with_output(prog: &str, a: &[&str], output: &Path) -> (Outcome, Outcome) {
+    let out = output.display().to_string();
+    let env = [("GPUMEMTRACE_OUTPUT", out.as_str())];
+    let plain = run(prog, &args(a), &[], &env, Duration::from_secs(60));
+    let traced = run(prog, &args(a), &[&shim()], &env, Duration::from_secs(60));
+    assert_eq!(traced.ended(), plain.ended(), "{prog} {a:?} -> {out}: {}", traced.stderr);
+    assert_eq!(traced.stdout.lines().last(), plain.stdout.lines().last(), "{prog} {a:?} -> {out}");
+    (plain, traced)
+}
+
+/// What the tracer said on stderr.
+fn tracer_lines(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.starts_with("gpumemtrace:")).collect()
+}
+
+/// Files the run left in its directory besides its stdout and stderr.
+fn left_over(o: &Outcome) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(&o.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "stdout" && n != "stderr")
+        .collect();
+    v.sort();
+    v
+}
+
+fn mkfifo(p: &Path) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", p.display());
+}
+
+#[test]
+fn output_to_dev_null_works_and_changes_nothing() {
+    // Before: "cannot create trace file /dev/null" (O_EXCL refuses an existing path), and as root
+    // a regular file /dev/null.1 was created in /dev instead.
+    let (_, traced) = same_with_output("prog_threads", &["2", "500"], Path::new("/dev/null"));
+    assert_eq!(tracer_lines(&traced.stderr), vec![format!("gpumemtrace: {} events traced to /dev/null", 2 * 500 * 2 + 2)]);
+    assert!(left_over(&traced).is_empty(), "{:?}", left_over(&traced));
+    for beside in ["/dev/null.journal", "/dev/null.1", "/dev/null.1.trace"] {
+        assert!(!Path::new(beside).exists(), "{beside} was created");
+    }
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
+}
+
+#[test]
+fn a_fifo_or_socket_that_nobody_reads_never_hangs_the_host() {
+    // Before: the host hung at exit, forever.
+    let dir = scratch("unread-outputs");
+    // A FIFO that no process opens: the tracer waits a second for a reader, then turns off.
+    let fifo = dir.join("none.fifo");
+    mkfifo(&fifo);
+    let (_, traced) = same_with_output("prog_threads", &["4", "2000"], &fifo);
+    let lines = tracer_lines(&traced.stderr);
+    assert_eq!(lines.len(), 1, "{}", traced.stderr);
+    assert!(lines[0].contains("no process opened for reading") && lines[0].contains("tracing is off"), "{}", lines[0]);
+
+    // A FIFO with a reader that never reads: what the pipe takes is written, then the tracer
+    // gives up after a second without progress, and says how many events were not written.
+    let fifo = dir.join("unread.fifo");
+    mkfifo(&fifo);
+    use std::os::unix::fs::OpenOptionsExt;
+    let reader = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&fifo).unwrap();
+    let (_, traced) = same_with_output("prog_threads", &["4", "20000"], &fifo);
+    let lines = tracer_lines(&traced.stderr);
+    assert_eq!(lines.len(), 1, "{}", traced.stderr);
+    assert!(lines[0].contains("took nothing for 1 s") && lines[0].contains("events recorded so far were not"), "{}", lines[0]);
+    drop(reader);
+
+    // A Unix socket whose listener never accepts, nor reads.
+    let sock = dir.join("unread.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let (_, traced) = same_with_output("prog_threads", &["4", "20000"], &sock);
+    let lines = tracer_lines(&traced.stderr);
+    assert_eq!(lines.len(), 1, "{}", traced.stderr);
+    assert!(lines[0].contains("took nothing for 1 s"), "{}", lines[0]);
+    drop(listener);
+    // No journal beside any of them, and no trace file instead of them.
+    let mut names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names, ["none.fifo", "unread.fifo", "unread.sock"]);
+}
+
+#[test]
+fn a_fifo_that_is_read_gets_the_complete_trace() {
+    let dir = scratch("read-fifo");
+    let fifo = dir.join("trace.fifo");
+    mkfifo(&fifo);
+    let path = fifo.clone();
+    // Opening for reading waits for the writer; reading ends when the writer closes.
+    let reader = std::thread::spawn(move || std::fs::read(&path).unwrap());
+    let (_, traced) = same_with_output("prog_threads", &["4", "20000"], &fifo);
+    // Should the tracer never have opened it, this lets the reader go (it then reads nothing).
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&fifo);
+    let bytes = reader.join().unwrap();
+    let copy = dir.join("copy.trace");
+    std::fs::write(&copy, &bytes).unwrap();
+    let t = read_trace(&copy);
+    assert_eq!(t.events.len(), 4 * 20000 * 2 + 4);
+    assert_eq!(t.stats.unwrap().dropped, 0);
+    assert!(t.stats.unwrap().final_);
+    assert_eq!(summary_json(&copy)["traces"][0]["status"], "complete");
+    assert_eq!(tracer_lines(&traced.stderr), vec![format!("gpumemtrace: {} events traced to {}", 4 * 20000 * 2 + 4, fifo.display())]);
+    assert!(!left_over(&traced).iter().any(|n| n.ends_with(".journal")));
+    assert!(!dir.join("trace.fifo.journal").exists());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Case 7: what a trace names (module paths, program and function names) cannot hurt its reader.
+
+/// A hand-built trace: a process called `args`, one module at `module` holding both frames of
+/// stack 1, one 1 MiB allocation from it, and what `more` adds before the event.
+fn hand_built(args: &[&str], module: &str, more: &[gpumemtrace_format::Record]) -> Vec<u8> {
+    use gpumemtrace_format::{header, Api, Encoder, Event, MemKind, Module, Op, Process, Record, Stack, Stats};
+    let mut bytes = header().to_vec();
+    let mut enc = Encoder::new();
+    let mut recs = vec![
+        Record::Process(Process {
+            pid: 4321,
+            ppid: 1,
+            exe: args[0].into(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            max_frames: 32,
+            ..Process::default()
+        }),
+        Record::Api(Api { id: 1, name: "cudaMalloc".into(), kind: MemKind::Device, op: Op::Alloc }),
+        Record::Module(Module { id: 1, bias: 0x10_0000, start: 0x10_0000, end: 0x20_0000, path: module.into(), build_id: vec![] }),
+        Record::Stack(Stack { id: 1, frames: vec![0x10_1234, 0x10_5678] }),
+    ];
+    recs.extend(more.iter().cloned());
+    recs.push(Record::Event(Event { api: 1, time_ns: 10, tid: 1, stack: 1, addr: 0xa000, size: MIB, pystack: 1, ..Event::default() }));
+    recs.push(Record::Stats(Stats { events: 1, dropped: 0, final_: true }));
+    for r in &recs {
+        enc.encode(r, &mut bytes);
+    }
+    bytes
+}
+
+/// `gpumemtrace ARGS`, killed if it runs longer than a minute (None then).
+fn cli_within_a_minute(args: &[&OsString]) -> Option<std::process::Output> {
+    let mut child = Command::new(cli()).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+#[test]
+fn a_module_path_that_is_a_fifo_never_hangs_the_cli() {
+    // Before: `summary` opened the module to symbolize its frames and waited for a writer forever.
+    let dir = scratch("module-fifo");
+    let fifo = dir.join("libfifo.so");
+    mkfifo(&fifo);
+    let trace = dir.join("t.trace");
+    std::fs::write(&trace, hand_built(&["app"], fifo.to_str().unwrap(), &[])).unwrap();
+    for report in ["summary", "flamegraph"] {
+        let out = cli_within_a_minute(&[&report.into(), &trace.clone().into_os_string()])
+            .unwrap_or_else(|| panic!("`gpumemtrace {report}` on a trace naming a FIFO as a module did not finish"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{report}: {stderr}");
+        assert!(stderr.contains(&format!("cannot open {}: not a regular file", fifo.display())), "{report}: {stderr}");
+        // The frames are shown by module and offset.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("libfifo.so+0x1233") || stdout.contains("libfifo.so+0x1234"), "{report}: {stdout}");
+    }
+}
+
+#[test]
+fn terminal_escapes_in_names_from_a_trace_are_shown_escaped_in_text_and_kept_in_json() {
+    // Before: the summary printed them raw: a trace could clear the screen (ESC [2J), set the
+    // terminal's title (ESC ]0;...BEL) or overwrite a line with a carriage return.
+    use gpumemtrace_format::{Phase, PhaseOp, PyCode, PyFrame, PyStack, Record, Thread};
+    let dir = scratch("escapes");
+    let evil_arg = "--x\x1b]0;owned\x07\rFAKE";
+    let evil_module = format!("{}/lib\x1b[2Jevil.so", dir.display());
+    let evil_file = "/srv/\x1b[31mtrain.py";
+    let evil_function = "step\u{9b}2J";
+    let more = [
+        Record::Thread(Thread { tid: 1, name: "main".into(), python: true }),
+        Record::PyCode(PyCode {
+            id: 1,
+            name: evil_function.into(),
+            qualname: evil_function.into(),
+            filename: evil_file.into(),
+            firstlineno: 7,
+            ..PyCode::default()
+        }),
+        Record::PyStack(PyStack { id: 1, frames: vec![PyFrame { code: 1, instr_offset: 0, flags: 1 }] }),
+        Record::Notice("a notice\x1b[1A".into()),
+        Record::Phase(Phase { time_ns: 1, tid: 1, op: PhaseOp::Mark, name: "\x1b[2Kwarmup".into() }),
+    ];
+    let trace = dir.join("t.trace");
+    std::fs::write(&trace, hand_built(&["/usr/bin/app\x1b[8m", evil_arg], &evil_module, &more)).unwrap();
+    let out = cli_within_a_minute(&[&"summary".into(), &"--frames".into(), &"8".into(), &trace.clone().into_os_string()]).unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for raw in ['\x1b', '\r', '\x07', '\u{9b}'] {
+        assert!(!text.contains(raw), "{raw:?} printed raw:\n{text}");
+    }
+    for shown in [
+        "/usr/bin/app\\x1b[8m",
+        "--x\\x1b]0;owned\\x07\\x0dFAKE",
+        "step\\x9b2J \\x1b[31mtrain.py:7",
+        "a notice\\x1b[1A",
+    ] {
+        assert!(text.contains(shown), "{shown} not in:\n{text}");
+    }
+    // The module's warning on stderr is escaped too.
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!stderr.contains('\x1b') && stderr.contains("lib\\x1b[2Jevil.so"), "{stderr}");
+    // The phases report too.
+    let out = cli_within_a_minute(&[&"phases".into(), &trace.clone().into_os_string()]).unwrap();
+    let phases = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success() && !phases.contains('\x1b') && phases.contains("\\x1b[2Kwarmup"), "{phases}");
+    // JSON keeps the names as they are (its own escapes make them safe).
+    let json = summary_json(&trace);
+    assert_eq!(json["traces"][0]["args"][1], evil_arg, "{json}");
+    assert!(json.to_string().contains("\\u001b[31mtrain.py"), "{json}");
+}
+
+#[test]
+fn a_forked_child_never_writes_into_its_parents_fifo() {
+    // Two processes writing one FIFO would interleave their records into one unreadable stream:
+    // the first one to open it keeps it; the child says so and does not trace.
+    let dir = scratch("fifo-fork");
+    let fifo = dir.join("trace.fifo");
+    mkfifo(&fifo);
+    let path = fifo.clone();
+    let reader = std::thread::spawn(move || std::fs::read(&path).unwrap());
+    let (_, traced) = same_with_output("prog_lifecycle", &["fork"], &fifo);
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&fifo);
+    let copy = dir.join("copy.trace");
+    std::fs::write(&copy, reader.join().unwrap()).unwrap();
+    let t = read_trace(&copy);
+    assert_eq!(alloc_sizes(&t), vec![MIB, 4 * MIB], "the parent's allocations, complete");
+    assert!(t.stats.unwrap().final_);
+    let refused: Vec<&str> = tracer_lines(&traced.stderr).into_iter().filter(|l| l.contains("another process is writing its trace into this FIFO")).collect();
+    assert_eq!(refused.len(), 1, "{}", traced.stderr);
+}

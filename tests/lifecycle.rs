@@ -110,6 +110,25 @@ fn sigkill_loses_nothing_even_right_after_the_allocation() {
 }
 
 #[test]
+fn a_library_loaded_late_is_in_the_trace_for_stacks_recovered_after_sigkill() {
+    // Before: the writer scanned for modules only when a stack through one reached it; killed
+    // first, the recovered stack ran through a library the trace did not name (frames shown as
+    // bare addresses).
+    let run = run_traced("prog_lifecycle", &["dlopen-kill"], &[]);
+    assert_eq!(run.out.status.signal(), Some(libc::SIGKILL), "{}", run.stderr);
+    let t = run.trace();
+    assert_eq!(alloc_sizes(&t), vec![MIB, 4 * MIB]);
+    let lib = t.modules.iter().find(|m| m.path.ends_with("/libunwind_c.so")).unwrap_or_else(|| panic!("{:?}", t.modules));
+    let late = t.events.iter().find(|e| e.size == 4 * MIB).unwrap();
+    let frames = &t.stacks[&late.stack].frames;
+    assert!(frames.iter().any(|&a| a >= lib.start && a < lib.end), "{frames:x?} {lib:?}");
+    assert!(!t.notices.iter().any(|n| n.contains("in no module")), "{:?}", t.notices);
+    // The summary names the function in it.
+    let json = summary_json(&run.traces[0]);
+    assert!(json.to_string().contains("uc_descend"), "{json}");
+}
+
+#[test]
 fn exits_that_skip_exit_handlers_still_finish_the_trace() {
     for (mode, code) in [("_exit", 5), ("_Exit", 6), ("quick_exit", 7)] {
         let run = run_traced("prog_lifecycle", &[mode], &[]);
@@ -246,6 +265,33 @@ fn a_slow_writer_applies_back_pressure_without_dropping() {
     assert_eq!((live, json["traces"][0]["unknown_frees"].as_array().unwrap().len()), (8, 0));
 }
 
+#[test]
+fn a_stalled_output_costs_the_host_a_bounded_wait_and_every_event_given_up_is_counted() {
+    // The writer sleeps 3 s before each batch (a disk that takes seconds per write). Hooks wait
+    // for room at most 1 s, then give events up (counted) instead of running at disk speed.
+    let (threads, pairs) = (4u64, 20_000u64);
+    let run = run_traced(
+        "prog_threads",
+        &[&threads.to_string(), &pairs.to_string()],
+        &[("GPUMEMTRACE_FRAMES", "4"), ("GPUMEMTRACE_TEST_WRITER_DELAY_US", "3000000")],
+    );
+    assert!(run.out.status.success(), "{}", run.stderr);
+    assert!(run.stdout.contains(&format!("total_pairs={}", threads * pairs)), "{}", run.stdout);
+    let t = run.trace();
+    let made = threads * (2 * pairs + 1); // each thread: its pairs and one leak
+    let recorded = t.events.len() as u64;
+    let stats = t.stats.unwrap();
+    assert!(stats.final_);
+    let given_up = stats.dropped;
+    assert!(given_up > 0 && recorded > 0, "recorded {recorded}, given up {given_up}");
+    assert_eq!(recorded + given_up, made, "every event is either in the trace or counted as given up");
+    let notice = format!("{given_up} events were lost: the trace's output did not keep up (a hook waits at most 1000 ms for room)");
+    assert!(t.notices.contains(&notice), "{:?}", t.notices);
+    // The summary says so too.
+    let json = summary_json(&run.traces[0]);
+    assert_eq!(json["traces"][0]["dropped"], given_up, "{json}");
+}
+
 /// The program's stdout when run without the tracer (normalized).
 fn untraced_stdout(prog: &str) -> String {
     let out = Command::new(emu().join(prog)).env("EMUCUDA_DEVICES", "2").output().unwrap();
@@ -267,6 +313,21 @@ fn a_panic_in_the_tracer_turns_tracing_off_with_one_line_and_the_program_goes_on
     assert!(lines[0].contains("tracing is off") && lines[0].contains("deliberate panic"), "{}", lines[0]);
     // What was recorded before the panic is kept.
     assert_eq!(run.trace().events.len(), 2);
+}
+
+#[test]
+fn a_host_that_puts_its_own_file_on_stderr_never_gets_a_line_of_ours_in_it() {
+    // The panic turns tracing off after the host replaced descriptor 2: the line saying so, and
+    // the exit line, would have gone into the host's file (the exit line was checked; this one
+    // was not).
+    let run = run_traced("prog_lifecycle", &["stderr-file"], &[("GPUMEMTRACE_TEST_PANIC_AT", "2"), ("GPUMEMTRACE_QUIET", "0")]);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    assert_eq!(std::fs::read_to_string(run.dir.join("host-stderr.txt")).unwrap(), "host line\n");
+    assert!(tracer_lines(&run.stderr).is_empty(), "{}", run.stderr);
+    // The reason is in the trace instead.
+    let t = run.trace();
+    assert_eq!(alloc_sizes(&t), vec![MIB]);
+    assert!(t.notices.iter().any(|n| n.contains("tracing stopped early") && n.contains("deliberate panic")), "{:?}", t.notices);
 }
 
 #[test]

@@ -110,6 +110,8 @@ pub struct Recovery {
     py_codes: HashSet<u32>,
     threads: HashSet<u32>,
     max_id: [u32; 3],
+    /// Address ranges of the trace's modules, to say when recovered frames lie in none.
+    modules: Vec<(u64, u64)>,
 }
 
 impl Recovery {
@@ -137,6 +139,7 @@ impl Recovery {
             py_codes: HashSet::new(),
             threads: HashSet::new(),
             max_id: [0; 3],
+            modules: Vec::new(),
         }
     }
 
@@ -159,13 +162,14 @@ impl Recovery {
             Record::Thread(t) => {
                 self.threads.insert(t.tid);
             }
+            Record::Module(m) => self.modules.push((m.start, m.end)),
             _ => {}
         }
     }
 
     /// The records the trace lacks, in call order, then a notice saying what was recovered.
     pub fn finish(self) -> Vec<Record> {
-        let Recovery { journal, path, events, start_ns, stacks, py_stacks, py_codes, mut threads, max_id } = self;
+        let Recovery { journal, path, events, start_ns, stacks, py_stacks, py_codes, mut threads, max_id, modules } = self;
         // The write in progress when the process ended completed if the trace has its events.
         let start = if events >= journal.events_proposed { &journal.proposed } else { &journal.committed };
         let fresh = journal.entries.iter().filter(|(r, pos, _)| *pos >= start[*r]).map(|(_, _, e)| e);
@@ -247,6 +251,21 @@ impl Recovery {
         );
         if journal.damaged {
             notice.push_str(" (part of the journal was damaged and could not be read)");
+        }
+        // The writer names a library as soon as it is loaded; one loaded just before the end
+        // (or allocating in its constructor) may not have made it.
+        let outside = ids
+            .out
+            .iter()
+            .filter_map(|r| match r {
+                Record::Stack(s) => Some(s.frames.iter().filter(|&&a| !modules.iter().any(|&(lo, hi)| a >= lo && a < hi)).count()),
+                _ => None,
+            })
+            .sum::<usize>();
+        if outside > 0 {
+            notice.push_str(&format!(
+                "; {outside} frames of the recovered stacks lie in no module the trace names (a library loaded just before the end?)"
+            ));
         }
         ids.out.push(Record::Notice(notice));
         ids.out

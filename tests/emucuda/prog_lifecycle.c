@@ -15,10 +15,16 @@
  *                   multiprocessing workers do; prints child_pid=
  *   closefrom       allocates, closes every descriptor above 2 (as daemons do), opens its own
  *                   file host.txt, writes one line to it, allocates twice more, waits 50 ms
+ *   stderr-file     allocates, puts its own file host-stderr.txt on descriptor 2 (dup2),
+ *                   writes one line to it, allocates twice more
+ *   dlopen-kill     allocates, dlopen()s libunwind_c.so (beside the program; its loading
+ *                   allocates nothing), waits 200 ms, allocates through it (a callback at
+ *                   the bottom of uc_descend), then raise(SIGKILL) at once
  *   handler         installs its own SIGSEGV handler (prints "own handler ran", exits 42),
  *                   then segfaults: the program's handler must still run
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -48,6 +54,12 @@ static CUdeviceptr alloc_leak(size_t size)
     CUdeviceptr d = 0;
     ALLOC("cuMemAlloc_v2", "device", cuMemAlloc_v2(&d, size), d, size, 0, 0);
     return d;
+}
+
+static int alloc_4mib(int x)
+{
+    alloc_leak(4 * MiB);
+    return x;
 }
 
 static void free_kept_at_exit(void)
@@ -154,6 +166,32 @@ int main(int argc, char **argv)
         close(fd);
         printf("host_fd=%d\n", fd);
         return 0;
+    }
+    if (!strcmp(mode, "stderr-file")) {
+        int fd;
+        alloc_leak(1 * MiB);
+        fd = open("host-stderr.txt", O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0 || dup2(fd, 2) != 2 || write(2, "host line\n", 10) != 10)
+            return 4;
+        close(fd);
+        alloc_leak(2 * MiB);
+        alloc_leak(3 * MiB);
+        return 0;
+    }
+    if (!strcmp(mode, "dlopen-kill")) {
+        char path[4096];
+        void *lib;
+        int (*descend)(int, int (*)(int), int);
+        alloc_leak(1 * MiB);
+        snprintf(path, sizeof path, "%s", argv[0]);
+        snprintf(strrchr(path, '/') + 1, sizeof path - (size_t)(strrchr(path, '/') + 1 - path), "libunwind_c.so");
+        lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!lib || !(descend = (int (*)(int, int (*)(int), int))dlsym(lib, "uc_descend")))
+            return 4;
+        sleep_ms(200); /* the tracer has seen the library arrive */
+        descend(2, alloc_4mib, 0);
+        raise(SIGKILL);
+        return 3;
     }
     if (!strcmp(mode, "fork-_exit")) {
         pid_t pid = fork();

@@ -1,4 +1,7 @@
-//! Human-readable sizes, times and CUDA result codes.
+//! Human-readable sizes, times and CUDA result codes; names from a trace made safe to print.
+
+use std::borrow::Cow;
+use std::io::{self, Write};
 
 /// `512 B`, `1.5 KiB`, `210.0 MiB`, `2.0 GiB`: binary units, one decimal.
 pub fn size(bytes: u64) -> String {
@@ -154,9 +157,119 @@ pub fn cuda_result(code: u32) -> String {
     }
 }
 
+/// `s` with every control character (C0, DEL, C1: terminal escapes, `\r`, newlines) written
+/// as `\xHH`: a name from a trace (program, path, symbol, Python file) printed on one line can
+/// neither drive the terminal nor forge or overwrite a line.
+pub fn printable(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            out.push_str(&format!("\\x{:02x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// A text report's output: control characters (those of `printable`, but newline and tab,
+/// which the report's own lines use) written as `\xHH`. The reports write nothing else of the
+/// kind themselves, so only what came from a trace is changed. JSON goes through unchanged: it
+/// escapes C0 itself, and an escape of ours in a string (for C1) would make it invalid.
+pub struct Printable<W: Write> {
+    inner: W,
+    json: bool,
+    /// A 0xC2 at the end of the last write: the first byte of a C1 control, or of a harmless
+    /// character, depending on the next byte.
+    held: bool,
+}
+
+impl<W: Write> Printable<W> {
+    pub fn new(inner: W) -> Printable<W> {
+        Printable { inner, json: false, held: false }
+    }
+
+    /// Escapes only when the output is not `json`.
+    pub fn unless_json(json: bool, inner: W) -> Printable<W> {
+        Printable { inner, json, held: false }
+    }
+}
+
+/// The second byte of a C1 control in UTF-8 (U+0080..U+009F are 0xC2 0x80..0x9F).
+fn c1(b: u8) -> bool {
+    (0x80..0xa0).contains(&b)
+}
+
+impl<W: Write> Write for Printable<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.json {
+            return self.inner.write(buf);
+        }
+        let (mut i, mut clean) = (0, 0);
+        if std::mem::take(&mut self.held) && !buf.is_empty() {
+            if c1(buf[0]) {
+                write!(self.inner, "\\x{:02x}", buf[0])?;
+                (i, clean) = (1, 1);
+            } else {
+                self.inner.write_all(&[0xc2])?;
+            }
+        }
+        while i < buf.len() {
+            let b = buf[i];
+            let lead = b == 0xc2;
+            let control = (b < 0x20 && b != b'\n' && b != b'\t') || b == 0x7f || (lead && buf.get(i + 1).is_some_and(|&n| c1(n)));
+            // A lead byte at the end of the buffer: its meaning comes with the next write.
+            let hold = lead && !control && i + 1 == buf.len();
+            if !(control || hold) {
+                i += 1;
+                continue;
+            }
+            self.inner.write_all(&buf[clean..i])?;
+            if hold {
+                self.held = true;
+                i += 1;
+            } else if lead {
+                write!(self.inner, "\\x{:02x}", buf[i + 1])?;
+                i += 2;
+            } else {
+                write!(self.inner, "\\x{b:02x}")?;
+                i += 1;
+            }
+            clean = i;
+        }
+        self.inner.write_all(&buf[clean..])?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if std::mem::take(&mut self.held) {
+            self.inner.write_all(&[0xc2])?;
+        }
+        self.inner.flush()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_from_names_are_escaped_and_the_rest_kept() {
+        assert_eq!(printable("libfoo.so"), "libfoo.so");
+        assert!(matches!(printable("grüße ✓"), Cow::Borrowed(_)));
+        assert_eq!(printable("a\x1b]0;title\x07b\rc\u{9b}2Jd\ne\x7f"), "a\\x1b]0;title\\x07b\\x0dc\\x9b2Jd\\x0ae\\x7f");
+        // The writer keeps newlines and tabs, and finds a C1 control split over two writes.
+        let mut w = Printable::new(Vec::new());
+        let pieces: [&[u8]; 5] = [b"x\t\x1b[2Jy\n", "é\u{a0}\r".as_bytes(), b"z\xc2", b"\x9bq\xc2", b"\xa0"];
+        for piece in pieces {
+            w.write_all(piece).unwrap();
+        }
+        w.flush().unwrap();
+        assert_eq!(String::from_utf8(w.inner).unwrap(), "x\t\\x1b[2Jy\né\u{a0}\\x0dz\\x9bq\u{a0}");
+    }
 
     #[test]
     fn sizes() {

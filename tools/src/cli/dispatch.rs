@@ -13,15 +13,17 @@ use crate::model::{Filter, Observer, Outcome, Trace};
 use crate::report::{check, diff, dump, export, flamegraph, phases, summary, timeline};
 use crate::report::html;
 use crate::symbolize::Symbolizer;
+use crate::units::Printable;
 
 /// Runs the command; returns the exit status (0: success, 1: a trace failed its budget or could
 /// not be read, `run`: the command's own).
 pub fn run(cmd: Cmd) -> Result<u8> {
     match cmd {
         Cmd::Summary { report, traces } => {
-            let opts = report.into();
+            let opts: summary::Options = report.into();
             let paths = input::expand(&traces)?;
-            let mut out = io::stdout().lock();
+            // Text reports through `Printable`: names from a trace never drive the terminal.
+            let mut out = Printable::unless_json(opts.json, io::stdout().lock());
             let all_read = summary::run(&paths, &opts, &mut out)?;
             out.flush()?;
             Ok(if all_read { 0 } else { 1 })
@@ -41,7 +43,7 @@ pub fn run(cmd: Cmd) -> Result<u8> {
             let code = if opts.json {
                 run::launch(&l, &opts, &mut io::stdout().lock())
             } else {
-                run::launch(&l, &opts, &mut io::stderr().lock())
+                run::launch(&l, &opts, &mut Printable::new(io::stderr().lock()))
             };
             code.map_err(|e| e.status(2))
         }
@@ -282,7 +284,7 @@ fn tree_cmd(sel: &Select, of: crate::report::tree::Of, min_percent: f64, level: 
 fn phases_cmd(sel: &Select, json: bool) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
     let t = load(&path, &filter(sel), &mut ())?;
-    output(None, |w| phases::render(&t, json, w))
+    output(None, |w| phases::render(&t, json, &mut Printable::unless_json(json, w)))
 }
 
 fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: Option<u32>, json: bool, scope: &Scope) -> Result<u8> {
@@ -355,5 +357,5 @@ fn diff_cmd(a: &Path, b: &Path, json: bool, top: Option<usize>, device: Option<i
     let ta = load(&pa, &f, &mut ())?;
     let tb = load(&pb, &f, &mut ())?;
     let mut d = diff::diff(&input::display(&pa), &ta, &input::display(&pb), &tb, device);
-    output(None, |w| diff::render(&mut d, top, json, w))
+    output(None, |w| diff::render(&mut d, top, json, &mut Printable::unless_json(json, w)))
 }

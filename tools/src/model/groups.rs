@@ -39,7 +39,7 @@ impl Default for Groups {
             failures: Vec::new(),
             bad_frees: Vec::new(),
             bad_frees_omitted: 0,
-            pools: Pools::tracking_direct_memory(),
+            pools: Pools::lazy().tracking_direct_memory(),
             growth: Growth::default(),
             snapshots: Snapshots::default(),
         }

@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::autograd::Backward;
 use super::groups::Groups;
-use super::pool::Pools;
+use super::pool::{Pools, Seed};
 use super::snapshots::Moment;
 use super::timeseries::TimeSeries;
 use super::trace::Trace;
@@ -97,6 +97,7 @@ impl Trace {
                             trace.pools_at_python_exit = groups.pools.by_device.clone();
                         }
                     }
+                    seed_at_first_block(&mut groups.pools, &replay, &e);
                     if !replay.apply(&e, &mut All(&mut [&mut groups, &mut series, observe])) {
                         trace.unknown_api_events += 1;
                     }
@@ -194,6 +195,20 @@ impl Trace {
         trace.alloc_devices = replay.admission().alloc_devices();
         trace.filtered_out = replay.admission().filtered_out;
         Ok(trace)
+    }
+}
+
+/// At the first block, lazy pools (`Pools::lazy`) learn the driver ranges live then.
+fn seed_at_first_block(pools: &mut Pools, replay: &Replay, e: &gpumemtrace_format::Event) {
+    if pools.waiting() && replay.api_of(e.api).is_some_and(|a| a.kind == MemKind::Block && a.op == Op::Alloc) {
+        let ranges = replay.live().at_addresses().filter(|(_, l)| matches!(l.key.kind, MemKind::Device | MemKind::VmmMapped));
+        pools.seed(ranges.map(|((_, addr), l)| Seed {
+            addr,
+            size: l.size,
+            device: l.key.device,
+            device_alloc: l.key.kind == MemKind::Device,
+            stack: l.stack,
+        }));
     }
 }
 

@@ -27,6 +27,15 @@ struct Range {
     stack: u32,
 }
 
+/// A live driver range [`Pools::seed`] learns: a device allocation (with its stack) or a mapping.
+pub struct Seed {
+    pub addr: u64,
+    pub size: u64,
+    pub device: i32,
+    pub device_alloc: bool,
+    pub stack: u32,
+}
+
 /// Direct device memory of a stack rose (`true`) or fell by a range: (device, stack, rose, bytes).
 pub type DirectChange = (i32, u32, bool, u64);
 
@@ -64,6 +73,8 @@ pub struct Pool {
 #[derive(Default)]
 pub struct Pools {
     ranges: BTreeMap<u64, Range>,
+    /// Ranges are not followed until `seed` (see `lazy`).
+    waiting: bool,
     pub by_device: BTreeMap<i32, Pool>,
     /// What the last step did to direct device memory (see [`Pools::take_direct_changes`]),
     /// kept only when someone takes them.
@@ -72,6 +83,31 @@ pub struct Pools {
 }
 
 impl Pools {
+    /// Pools that follow driver ranges only from their `seed` on: a trace without blocks (no
+    /// caching allocator) then never keeps a second copy of its live device memory.
+    pub fn lazy() -> Pools {
+        Pools { waiting: true, ..Pools::default() }
+    }
+
+    /// Whether `seed` is still due (before the first block).
+    pub fn waiting(&self) -> bool {
+        self.waiting
+    }
+
+    /// The driver ranges live now, from the live set: from here on ranges are followed as
+    /// they come and go.
+    pub fn seed(&mut self, live: impl Iterator<Item = Seed>) {
+        self.waiting = false;
+        for s in live {
+            if s.device_alloc {
+                self.device_range_added(s.addr, s.size, s.device, s.stack);
+            } else {
+                self.range_added(s.addr, s.size, s.device);
+            }
+        }
+    }
+
+
     /// Follows one step of the replay; false for a block that lay in no known driver range.
     pub fn apply(&mut self, s: &Step) -> bool {
         match (s.kind, s.key.kind) {
@@ -98,7 +134,7 @@ impl Pools {
     }
 
     fn insert(&mut self, addr: u64, r: Range) -> bool {
-        if r.end == addr {
+        if r.end == addr || self.waiting {
             return false;
         }
         if let Some(old) = self.ranges.insert(addr, r) {
@@ -107,9 +143,9 @@ impl Pools {
         true
     }
 
-    /// Pools that keep their direct memory changes for [`Pools::take_direct_changes`].
-    pub fn tracking_direct_memory() -> Pools {
-        Pools { track_direct: true, ..Pools::default() }
+    /// The same pools, keeping their direct memory changes for [`Pools::take_direct_changes`].
+    pub fn tracking_direct_memory(self) -> Pools {
+        Pools { track_direct: true, ..self }
     }
 
     /// Direct memory changes since the last call (they happen in `apply`).

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::error::Error;
 use crate::model::Trace;
-use crate::units::{error_label, place, seconds, size};
+use crate::units::{error_label, place, printable, seconds, size};
 
 #[derive(Clone, Debug, Default)]
 pub struct Budgets {
@@ -227,10 +227,11 @@ pub fn render(results: &[TraceCheck], json: bool, out: &mut dyn Write) -> io::Re
         (false, true) => "ok  ",
         (false, false) => "FAIL",
     };
+    // Not through `units::Printable`, which would escape the colours: names one by one.
     for r in results {
-        writeln!(out, "{}:", r.path)?;
+        writeln!(out, "{}:", printable(&r.path))?;
         for c in &r.checks {
-            writeln!(out, "  {} {}", paint(c.ok), c.message)?;
+            writeln!(out, "  {} {}", paint(c.ok), printable(&c.message))?;
         }
     }
     let failed = results.iter().flat_map(|r| &r.checks).filter(|c| !c.ok).count();

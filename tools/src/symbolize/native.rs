@@ -6,7 +6,6 @@
 use std::borrow::Cow;
 use std::cell::OnceCell;
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use addr2line::Loader;
@@ -142,7 +141,7 @@ impl TraceSymbolizer<'_> {
             .entry((m.path.clone(), m.build_id.clone()))
             .or_insert_with(|| {
                 DebugInfo::open(m)
-                    .map_err(|e| eprintln!("warning: {e}"))
+                    .map_err(|e| eprintln!("warning: {}", crate::units::printable(&e)))
                     .ok()
                     .flatten()
             });
@@ -178,8 +177,9 @@ impl DebugInfo {
             "addresses in it are shown as {}+0xoffset",
             file_name(&m.path)
         );
-        let file =
-            File::open(&m.path).map_err(|e| format!("cannot open {}: {e}; {fallback}", m.path))?;
+        // Never a FIFO or a device (it would hang us): see `files`.
+        let file = super::files::open_regular(Path::new(&m.path))
+            .map_err(|e| format!("cannot open {}: {e}; {fallback}", m.path))?;
         // SAFETY: read-only mapping; a file changed under us gives wrong names, not UB in practice.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| format!("cannot map {}: {e}", m.path))?;
         let obj = object::File::parse(&*map).map_err(|e| format!("{}: {e}; {fallback}", m.path))?;
@@ -202,11 +202,11 @@ impl DebugInfo {
             let build_id = on_disk.unwrap_or(&m.build_id);
             if let Some((l, debug_map)) = debug_file_candidates(Path::new(&m.path), build_id, &obj)
                 .into_iter()
-                .find(|p| p.is_file())
+                .find(|p| super::files::is_regular(p))
                 .and_then(|p| {
-                    let l = Loader::new(&p).ok()?;
                     // SAFETY: as above.
-                    let map = File::open(&p).and_then(|f| unsafe { Mmap::map(&f) }).ok()?;
+                    let map = super::files::open_regular(&p).and_then(|f| unsafe { Mmap::map(&f) }).ok()?;
+                    let l = Loader::new(&p).ok()?;
                     Some((l, map))
                 })
             {
@@ -394,6 +394,7 @@ fn hex(b: &[u8]) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use std::fs::File;
 
     #[inline(never)]
     pub(crate) fn probe_target(x: u64) -> u64 {
