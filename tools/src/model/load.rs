@@ -190,7 +190,7 @@ impl Trace {
         trace.bad_frees_omitted = groups.bad_frees_omitted;
         (trace.series, trace.allocated, trace.by_phase) = series.finish(replay.phases().names());
         trace.end_ns = replay.end_ns();
-        (trace.spans, trace.spans_omitted) = replay.phases_mut().finish(trace.end_ns);
+        (trace.spans, trace.spans_merged_within_ns) = replay.phases_mut().finish(trace.end_ns);
         trace.phase_names = replay.phases().names().to_vec();
         trace.alloc_devices = replay.admission().alloc_devices();
         trace.filtered_out = replay.admission().filtered_out;

@@ -133,7 +133,8 @@ pub struct Trace {
     /// Allocations by phase (`""`: no phase).
     pub by_phase: BTreeMap<(GroupKey, String), PhaseUse>,
     pub spans: Vec<PhaseSpan>,
-    pub spans_omitted: u64,
+    /// Spans of one phase (thread, depth) at most this many ns apart were merged (0: none).
+    pub spans_merged_within_ns: u64,
     /// Allocation calls the filter left out.
     pub filtered_out: u64,
     /// Every phase name the trace has (pushed ranges and marks), whatever the filter.

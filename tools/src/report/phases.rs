@@ -17,7 +17,7 @@ pub fn render(t: &Trace, json: bool, w: &mut dyn Write) -> io::Result<()> {
                     "allocations": u.allocations, "allocated_bytes": u.bytes, "failed": u.failed})
             })
             .collect();
-        let v = serde_json::json!({"phases": rows, "spans": t.spans, "spans_omitted": t.spans_omitted});
+        let v = serde_json::json!({"phases": rows, "spans": t.spans, "spans_merged_within_ns": t.spans_merged_within_ns});
         serde_json::to_writer_pretty(&mut *w, &v).map_err(json_error)?;
         return writeln!(w);
     }

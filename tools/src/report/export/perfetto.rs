@@ -169,7 +169,8 @@ pub fn write(
     for p in &trace.spans {
         let e = json!({
             "name": p.name, "ph": "X", "ts": us(p.start_ns), "dur": us(p.end_ns - p.start_ns),
-            "pid": pid, "tid": p.tid, "cat": if p.mark { "mark" } else { "phase" }
+            "pid": pid, "tid": p.tid, "cat": if p.mark { "mark" } else { "phase" },
+            "args": { "spans": p.count }
         });
         out.write_all(b",\n")?;
         serde_json::to_writer(&mut *out, &e)?;

@@ -544,15 +544,14 @@ fn notes<'a>(trace: &Trace, lanes: &Lanes, series: impl Iterator<Item = &'a Seri
     if lanes.folded > 0 {
         out.push((format!("{} ranges nested deeper than {} levels drawn in the last lane", lanes.folded, MAX_DEPTH_LANES - 1), false));
     }
-    if trace.spans_omitted > 0 {
-        let last = trace.spans.iter().map(|s| s.end_ns).max().unwrap_or(0);
+    if trace.spans_merged_within_ns > 0 {
+        let merged: u64 = trace.spans.iter().map(|s| s.count - 1).sum();
         out.push((
             format!(
-                "{} phase spans are not drawn: the reader keeps the first {MAX_SPANS}; phases ending after {} are missing",
-                trace.spans_omitted,
-                seconds(last)
+                "{merged} phase spans merged into their neighbours of the same name (at most {} apart): the reader keeps {MAX_SPANS} spans at most",
+                duration(trace.spans_merged_within_ns)
             ),
-            true,
+            false,
         ));
     }
     out

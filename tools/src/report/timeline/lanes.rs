@@ -77,7 +77,7 @@ pub fn lanes(spans: &[PhaseSpan], end_ns: u64, width: f64) -> Lanes {
             }
             first_range + d.min(MAX_DEPTH_LANES - 1)
         };
-        out.spans += 1;
+        out.spans += s.count;
         let (a, b) = (px(s.start_ns), px(s.end_ns));
         let narrow = b - a < 1.0;
         if let Some((bar, col_end, bar_narrow)) = &mut open[lane] {
@@ -86,7 +86,7 @@ pub fn lanes(spans: &[PhaseSpan], end_ns: u64, width: f64) -> Lanes {
             if narrow && *bar_narrow && (a < *col_end || (same && a < *col_end + 1.0)) {
                 bar.end_ns = bar.end_ns.max(s.end_ns);
                 *col_end = col_end.max(b);
-                bar.spans += 1;
+                bar.spans += s.count;
                 out.merged += if bar.spans == 2 { 2 } else { 1 };
                 if !bar.names.contains(&s.name) {
                     bar.mixed = true;
@@ -103,7 +103,7 @@ pub fn lanes(spans: &[PhaseSpan], end_ns: u64, width: f64) -> Lanes {
             end_ns: s.end_ns,
             names: vec![s.name.clone()],
             mixed: false,
-            spans: 1,
+            spans: s.count,
             mark: s.mark,
             depth: s.depth,
         };
@@ -122,7 +122,7 @@ mod tests {
     use super::*;
 
     fn span(name: &str, depth: u32, mark: bool, start_ns: u64, end_ns: u64) -> PhaseSpan {
-        PhaseSpan { name: name.into(), tid: 1, depth, mark, start_ns, end_ns }
+        PhaseSpan { name: name.into(), tid: 1, depth, mark, start_ns, end_ns, count: 1 }
     }
 
     #[test]
