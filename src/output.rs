@@ -8,11 +8,36 @@ use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a write waits for an output that takes nothing (a FIFO or socket nobody reads), and
 /// how long the start waits for a FIFO's reader: then the output is given up.
 pub const PATIENCE: Duration = Duration::from_secs(1);
+
+/// How long the exit may spend writing what is left to an output that drains, but slowly (a
+/// FIFO read a little at a time): a host's exit is not held for longer.
+pub const AT_EXIT: Duration = Duration::from_secs(10);
+
+/// When writes give up however much the output still takes (ns of `CLOCK_MONOTONIC`; 0: never).
+static GIVE_UP_AT_NS: AtomicU64 = AtomicU64::new(0);
+
+/// From now on, writes stop once `AT_EXIT` has passed (the process is ending).
+pub fn exiting() {
+    let _ = GIVE_UP_AT_NS.compare_exchange(0, now_ns() + AT_EXIT.as_nanos() as u64, Ordering::SeqCst, Ordering::SeqCst);
+}
+
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn past_exit_deadline() -> bool {
+    let at = GIVE_UP_AT_NS.load(Ordering::Relaxed);
+    at != 0 && now_ns() >= at
+}
 
 /// The path the trace of process `pid` should get, from `GPUMEMTRACE_OUTPUT` (or the default
 /// `gpumemtrace-<pid>.trace` in the working directory). Under a torchrun-style launcher (`RANK`
@@ -185,6 +210,12 @@ pub fn write_all(file: &File, buf: &[u8]) -> io::Result<()> {
                     stuck_since = None;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && past_exit_deadline() => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("the output was still taking the trace {} s after the program ended", AT_EXIT.as_secs()),
+                    ));
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let waited = stuck_since.get_or_insert_with(Instant::now).elapsed();
                     let Some(left) = PATIENCE.checked_sub(waited).filter(|d| !d.is_zero()) else {

@@ -484,6 +484,7 @@ pub fn finish_before_exec() {
 
 fn finish() {
     let Some(t) = tracer() else { return };
+    crate::output::exiting();
     if STATE.compare_exchange(RUNNING, DIRECT, SeqCst, SeqCst).is_ok() {
         write_out(t, true);
     } else if STATE.load(SeqCst) == OFF {
