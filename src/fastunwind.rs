@@ -107,6 +107,8 @@ struct Memo {
     reads: Vec<(u64, u64)>,
     /// The walk stopped at the frame limit (and could go on from its last frame).
     at_max: bool,
+    /// That limit.
+    max: usize,
     /// The walk had stop frames: a memo is only used by walks of the same kind, whose ends
     /// (a stop frame, the stack's end, unknown code) are then the same.
     with_stop: bool,
@@ -180,6 +182,7 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                 next.frames.clear();
                 next.reads.clear();
                 next.at_max = false;
+                next.max = max;
                 next.with_stop = !stop.is_empty();
                 next.snap = snap as *const Snapshot as usize;
                 let mut memo_ok = memo.snap == next.snap && memo.with_stop == next.with_stop;
@@ -200,8 +203,9 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                                 // SAFETY: `a..a+8` lies within this thread's mapped stack.
                                 in_stack(a) && unsafe { (a as *const u64).read_unaligned() } == v
                             });
-                            if valid && same_as_memo && j == k && !memo.at_max {
-                                // The whole walk is the previous one: keep it as the memo.
+                            if valid && same_as_memo && j == k && (!memo.at_max || memo.max == max) {
+                                // The whole walk is the previous one (ended where it ended, or
+                                // cut at the same limit): keep it as the memo.
                                 frames.extend(memo.frames[j..].iter().map(|w| w.addr.address()).filter(|&a| {
                                     let ours = in_tracer && skip.iter().any(|&(s, e)| a >= s && a < e);
                                     in_tracer &= ours;

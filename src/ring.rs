@@ -143,6 +143,17 @@ impl Journal {
         SHARED
     }
 
+    /// The word that says ring `i`'s owner is handing an event over (see `tracer::send`):
+    /// the owner's own cache line, so marking it costs no line shared between threads.
+    pub fn busy(&self, i: usize) -> &AtomicU32 {
+        self.u32(Self::control(i, ring::BUSY))
+    }
+
+    /// Whether any ring's owner is handing an event over.
+    pub fn any_busy(&self) -> bool {
+        (0..RINGS).any(|i| self.busy(i).load(SeqCst) != 0)
+    }
+
     /// The thread that owned ring `i` is gone; what it wrote stays for the writer.
     pub fn release(&self, i: usize) {
         if i != SHARED {

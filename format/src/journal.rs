@@ -52,6 +52,8 @@ pub mod ring {
     pub const OWNER: u64 = 128;
     /// Lock word of the shared ring.
     pub const LOCK: u64 = 192;
+    /// Non-zero while the owner is inside a hand-over (the exit drain waits for it to end).
+    pub const BUSY: u64 = 256;
 }
 
 /// Dictionary entry kinds.
