@@ -109,6 +109,8 @@ struct Memo {
     at_max: bool,
     /// That limit.
     max: usize,
+    /// The frames the walk returned.
+    result: Vec<u64>,
     /// The walk had stop frames: a memo is only used by walks of the same kind, whose ends
     /// (a stop frame, the stack's end, unknown code) are then the same.
     with_stop: bool,
@@ -187,6 +189,9 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                 next.snap = snap as *const Snapshot as usize;
                 let mut memo_ok = memo.snap == next.snap && memo.with_stop == next.with_stop;
                 let in_stack = |a: u64| a >= lo && a <= hi.saturating_sub(8);
+                // The memo's words were read on this thread's stack, whose bounds never change:
+                // they are still inside it.
+                debug_assert!(memo.reads.iter().all(|&(a, _)| in_stack(a)));
                 let mut regs = UnwindRegsX86_64::new(pc, sp, bp);
                 let mut addr = FrameAddress::InstructionPointer(pc);
                 let mut in_tracer = true;
@@ -197,21 +202,17 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                     let k = next.frames.len();
                     // The rest of the walk may be the previous one's.
                     if memo_ok {
-                        if let Some(j) = memo.find(addr, regs.sp(), regs.bp()) {
+                        if let Some(j) = memo.find(k, addr, regs.sp(), regs.bp()) {
                             let from = memo.frames[j].reads as usize;
                             let valid = memo.reads[from..].iter().all(|&(a, v)| {
-                                // SAFETY: `a..a+8` lies within this thread's mapped stack.
-                                in_stack(a) && unsafe { (a as *const u64).read_unaligned() } == v
+                                // SAFETY: `a..a+8` lies within this thread's mapped stack (above).
+                                let now = unsafe { (a as *const u64).read_unaligned() };
+                                now == v
                             });
                             if valid && same_as_memo && j == k && (!memo.at_max || memo.max == max) {
                                 // The whole walk is the previous one (ended where it ended, or
                                 // cut at the same limit): keep it as the memo.
-                                frames.extend(memo.frames[j..].iter().map(|w| w.addr.address()).filter(|&a| {
-                                    let ours = in_tracer && skip.iter().any(|&(s, e)| a >= s && a < e);
-                                    in_tracer &= ours;
-                                    !ours
-                                }));
-                                frames.truncate(max);
+                                frames.clone_from(&memo.result);
                                 return Ok(true);
                             }
                             if valid {
@@ -312,6 +313,7 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                         Ok(None) | Err(_) => break,
                     }
                 }
+                next.result.clone_from(frames);
                 std::mem::swap(memo, next);
                 if *walked >= 256 {
                     WALKED.fetch_add(std::mem::take(walked), Relaxed);
@@ -324,8 +326,12 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
 }
 
 impl Memo {
-    /// The frame of this walk at the same (address, sp, bp), if any: sps grow outwards.
-    fn find(&self, addr: FrameAddress, sp: u64, bp: u64) -> Option<usize> {
+    /// The frame of this walk at the same (address, sp, bp), if any: sps grow outwards. Most
+    /// often the one at the same depth `k`.
+    fn find(&self, k: usize, addr: FrameAddress, sp: u64, bp: u64) -> Option<usize> {
+        if self.frames.get(k).is_some_and(|w| w.addr == addr && w.sp == sp && w.bp == bp) {
+            return Some(k);
+        }
         let mut i = self.frames.partition_point(|w| w.sp < sp);
         while let Some(w) = self.frames.get(i).filter(|w| w.sp == sp) {
             if w.addr == addr && w.bp == bp {

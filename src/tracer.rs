@@ -8,7 +8,7 @@
 
 use std::cell::RefCell;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::{Relaxed, Release, SeqCst}};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::{Relaxed, SeqCst}};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -199,12 +199,10 @@ fn wait_for_doorbell(seen: u32, timeout: Duration) {
 fn send(msg: Msg) {
     let Some(t) = tracer() else { return };
     let ring = my_ring(t);
-    // Marked before the state is read (the read-modify-write is a full barrier): the exit
-    // drain, which changes the state first and then waits for marks, cannot miss this event.
-    // A thread's own ring has its own mark (no cache line shared with other threads); a
-    // signal handler's nested call restores what it found.
-    let mark = if ring == ring::SHARED { &IN_FLIGHT } else { t.journal.busy(ring) };
-    let before = mark.fetch_add(1, SeqCst);
+    // Marked before the state is read (see `Journal::enter`): the exit drain, which changes
+    // the state first and then waits for marks, cannot miss this event. A thread's own ring
+    // has its own mark (no cache line shared with other threads).
+    let before = if ring == ring::SHARED { IN_FLIGHT.fetch_add(1, SeqCst) } else { t.journal.enter(ring) };
     let state = STATE.load(SeqCst);
     if let RUNNING | DIRECT = state {
         if catch_unwind_silent(|| push(t, ring, &msg)).is_none() {
@@ -215,9 +213,9 @@ fn send(msg: Msg) {
         }
     }
     if ring == ring::SHARED {
-        mark.fetch_sub(1, SeqCst);
+        IN_FLIGHT.fetch_sub(1, SeqCst);
     } else {
-        mark.store(before, Release);
+        t.journal.leave(ring, before);
     }
 }
 

@@ -74,9 +74,11 @@ pub struct Writer {
     /// `clock::next_seq`; a ring's own entries arrive in that order, so a queue grows at its
     /// back): the writer merges the queues' fronts (`release`).
     queues: Vec<VecDeque<Queued>>,
-    /// Messages in `queues`, and which queues hold any (bit `i`: ring `i`).
+    /// Messages in `queues`, which queues hold any (bit `i`: ring `i`), and which got one
+    /// ahead of their back (then their front is not the earliest position).
     queued: usize,
     nonempty: u64,
+    unordered: u64,
     /// The journal the hooks write to, and how far the writer has read each ring.
     journal: Option<&'static Journal>,
     read_pos: [u64; RINGS],
@@ -137,6 +139,7 @@ impl Writer {
             queues: (0..RINGS).map(|_| VecDeque::new()).collect(),
             queued: 0,
             nonempty: 0,
+            unordered: 0,
             next_seq: 0,
             gap_since: None,
             journal,
@@ -160,6 +163,7 @@ impl Writer {
     /// as far as it is known (see `release`); returns how many entries were read.
     pub fn drain(&mut self) -> io::Result<usize> {
         let Some(jn) = self.journal else { return Ok(0) };
+        crate::clock::refine();
         let (mut n, mut r) = (0, Ok(()));
         for i in 0..RINGS {
             self.read_pos[i] = jn.take(i, self.read_pos[i], |pos, payload| {
@@ -190,7 +194,12 @@ impl Writer {
     fn enqueue(&mut self, ring: usize, pos: u64, msg: Msg) {
         let seq = msg.seq();
         let q = &mut self.queues[ring];
-        let at = if q.back().is_none_or(|b| b.seq < seq) { q.len() } else { q.partition_point(|m| m.seq < seq) };
+        let at = if q.back().is_none_or(|b| b.seq < seq) {
+            q.len()
+        } else {
+            self.unordered |= 1 << ring;
+            q.partition_point(|m| m.seq < seq)
+        };
         q.insert(at, Queued { seq, pos, msg });
         self.queued += 1;
         self.nonempty |= 1 << ring;
@@ -206,7 +215,8 @@ impl Writer {
     fn committable(&self) -> [u64; RINGS] {
         let mut at = self.read_pos;
         for (i, q) in self.queues.iter().enumerate() {
-            if let Some(min) = q.iter().map(|m| m.pos).min() {
+            let min = if self.unordered & (1 << i) == 0 { q.front().map(|m| m.pos) } else { q.iter().map(|m| m.pos).min() };
+            if let Some(min) = min {
                 at[i] = at[i].min(min);
             }
         }
@@ -240,6 +250,7 @@ impl Writer {
             let m = q.pop_front().expect("a non-empty queue");
             if q.is_empty() {
                 self.nonempty &= !(1 << ring);
+                self.unordered &= !(1 << ring);
             }
             self.queued -= 1;
             // Below `next_seq`: its gap was given up on; late, but not lost.
@@ -451,6 +462,10 @@ impl Writer {
                     "native unwinding: {walked} frames walked by rule (the rest reused), {missed} of them missed the rule cache"
                 ));
             }
+        }
+        let waited = crate::ring::WAITED.load(std::sync::atomic::Ordering::Relaxed);
+        if waited > 0 {
+            self.notice(&format!("{waited} events waited for room in their thread's ring (the writer had fallen behind)"));
         }
         let given_up = crate::ring::GIVEN_UP.load(std::sync::atomic::Ordering::Relaxed);
         if given_up > 0 {
