@@ -27,6 +27,12 @@ pub const MAX_WAIT_MS: u64 = 1000;
 pub static GIVEN_UP: AtomicU64 = AtomicU64::new(0);
 /// Hand-overs that found their ring full and waited (the writer had fallen behind).
 pub static WAITED: AtomicU64 = AtomicU64::new(0);
+/// Commits that gave producers space back: a waiting hook tells a slow writer from a stalled one.
+static COMMITS: AtomicU64 = AtomicU64::new(0);
+
+pub fn commits() -> u64 {
+    COMMITS.load(Acquire)
+}
 
 /// Whether this process registered for `membarrier`'s private expedited command: then a hook
 /// marks its ring busy with a plain store, and the rare side (the exit drain) pays for the
@@ -293,8 +299,12 @@ impl Journal {
 
     /// On the writer, after the write completed: producers may reuse the space before `positions`.
     pub fn commit(&self, positions: &[u64; RINGS]) {
+        let mut moved = false;
         for (i, &p) in positions.iter().enumerate() {
-            self.u64(Self::control(i, ring::COMMITTED)).store(p, Release);
+            moved |= self.u64(Self::control(i, ring::COMMITTED)).swap(p, Release) != p;
+        }
+        if moved {
+            COMMITS.fetch_add(1, Release);
         }
     }
 

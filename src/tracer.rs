@@ -227,9 +227,17 @@ fn catch_unwind_silent<R>(f: impl FnOnce() -> R) -> Option<R> {
 fn push(t: &Tracer, ring: usize, msg: &Msg) {
     let mut local = Vec::new();
     let put = |payload: &[u8]| {
-        // The clock is read only once the ring turns out full: not on the hot path.
-        let mut since = None;
-        let after = t.journal.push(ring, payload, |tries| wait_for_room(t, tries, *since.get_or_insert_with(Instant::now)));
+        // The clock is read only once the ring turns out full: not on the hot path. The wait is
+        // bounded by time without progress: a writer that commits, however slowly (starved of
+        // CPU by the program's own threads), is not a stalled output.
+        let (mut since, mut seen) = (None, ring::commits());
+        let after = t.journal.push(ring, payload, |tries| {
+            let c = ring::commits();
+            if c != seen {
+                (seen, since) = (c, None);
+            }
+            wait_for_room(t, tries, *since.get_or_insert_with(Instant::now))
+        });
         match after {
             Some(fill) => {
                 let half = jfmt::RING_BYTES / 2;
