@@ -213,6 +213,7 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                                 // The whole walk is the previous one (ended where it ended, or
                                 // cut at the same limit): keep it as the memo.
                                 frames.clone_from(&memo.result);
+                                flush_counts(walked, missed);
                                 return Ok(true);
                             }
                             if valid {
@@ -315,14 +316,20 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                 }
                 next.result.clone_from(frames);
                 std::mem::swap(memo, next);
-                if *walked >= 256 {
-                    WALKED.fetch_add(std::mem::take(walked), Relaxed);
-                    MISSED.fetch_add(std::mem::take(missed), Relaxed);
-                }
+                flush_counts(walked, missed);
                 return Ok(same_as_memo);
             }
         })
         .map_err(|_| Unavailable)?
+}
+
+/// Adds a thread's counts to `WALKED` / `MISSED` now and then (a walk that ends in a full memo
+/// hit may still have walked its innermost frames by rule).
+fn flush_counts(walked: &mut u64, missed: &mut u64) {
+    if *walked >= 256 {
+        WALKED.fetch_add(std::mem::take(walked), Relaxed);
+        MISSED.fetch_add(std::mem::take(missed), Relaxed);
+    }
 }
 
 impl Memo {
