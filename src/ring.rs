@@ -288,6 +288,17 @@ impl Journal {
         end
     }
 
+    /// On the writer: the payload of the entry at `pos` of ring `i` (one that `take` gave) into
+    /// `buf`, read again. Its space is not committed yet (see `Writer::committable`), so no
+    /// producer has reused it.
+    pub fn reread(&self, i: usize, pos: u64, buf: &mut Vec<u8>) {
+        let mut frame = [0u8; j::FRAME as usize];
+        self.ring_read(i, pos, &mut frame);
+        let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize;
+        buf.resize(len.min(j::MAX_PAYLOAD), 0);
+        self.ring_read(i, pos + j::FRAME, buf);
+    }
+
     /// On the writer, before a write to the trace: where each ring will stand, and how many
     /// events the trace will hold, once the write completes.
     pub fn propose(&self, events: u64, positions: &[u64; RINGS]) {

@@ -79,6 +79,8 @@ pub struct Writer {
     queued: usize,
     nonempty: u64,
     unordered: u64,
+    /// A queued entry's payload, read again to be written.
+    entry: Vec<u8>,
     /// The journal the hooks write to, and how far the writer has read each ring.
     journal: Option<&'static Journal>,
     read_pos: [u64; RINGS],
@@ -88,11 +90,10 @@ pub struct Writer {
     gap_since: Option<Instant>,
 }
 
-/// A message read from a ring: its number, where it lies in the ring, and the message.
+/// A message read from a ring and not written yet: its number and where it lies in the ring.
 struct Queued {
     seq: u64,
     pos: u64,
-    msg: Msg,
 }
 
 /// A missing number is waited for this long, or while fewer than `MAX_PENDING` messages queue
@@ -140,6 +141,7 @@ impl Writer {
             queued: 0,
             nonempty: 0,
             unordered: 0,
+            entry: Vec::new(),
             next_seq: 0,
             gap_since: None,
             journal,
@@ -168,13 +170,21 @@ impl Writer {
         for i in 0..RINGS {
             self.read_pos[i] = jn.take(i, self.read_pos[i], |pos, payload| {
                 n += 1;
+                // A message waits for its turn as a number and a place in the ring (decoded when
+                // written: its space is not committed meanwhile); the usual case with one
+                // thread, the next number with nothing waiting, is written straight away.
+                let seq = jfmt::seq_of(payload);
+                if let Some(seq) = seq.filter(|&s| !(self.nonempty == 0 && s == self.next_seq && r.is_ok())) {
+                    self.enqueue(i, pos, seq);
+                    return;
+                }
                 match jfmt::decode(payload) {
-                    // The usual case with one thread: the next number, nothing waiting.
-                    Ok(jfmt::Entry::Msg(msg)) if self.nonempty == 0 && msg.seq() == self.next_seq && r.is_ok() => {
-                        self.next_seq += 1;
-                        r = self.write_msg(msg);
+                    Ok(jfmt::Entry::Msg(msg)) => {
+                        self.next_seq = self.next_seq.max(msg.seq() + 1);
+                        if r.is_ok() {
+                            r = self.write_msg(msg);
+                        }
                     }
-                    Ok(jfmt::Entry::Msg(msg)) => self.enqueue(i, pos, msg),
                     // Code objects are described in arrival order, not call order: a
                     // later-numbered event that arrived earlier may be the one that brought the
                     // description an earlier-numbered one uses.
@@ -191,8 +201,7 @@ impl Writer {
     /// Queues a message of ring `ring` in sequence order (almost always at the back: a thread
     /// numbers and hands over its calls one after the other; threads sharing the last ring, or
     /// a signal handler's phase, may interleave).
-    fn enqueue(&mut self, ring: usize, pos: u64, msg: Msg) {
-        let seq = msg.seq();
+    fn enqueue(&mut self, ring: usize, pos: u64, seq: u64) {
         let q = &mut self.queues[ring];
         let at = if q.back().is_none_or(|b| b.seq < seq) {
             q.len()
@@ -200,7 +209,7 @@ impl Writer {
             self.unordered |= 1 << ring;
             q.partition_point(|m| m.seq < seq)
         };
-        q.insert(at, Queued { seq, pos, msg });
+        q.insert(at, Queued { seq, pos });
         self.queued += 1;
         self.nonempty |= 1 << ring;
     }
@@ -256,7 +265,15 @@ impl Writer {
             // Below `next_seq`: its gap was given up on; late, but not lost.
             self.next_seq = self.next_seq.max(seq + 1);
             self.gap_since = None;
-            self.write_msg(m.msg)?;
+            let Some(jn) = self.journal else { continue };
+            let mut buf = std::mem::take(&mut self.entry);
+            jn.reread(ring, m.pos, &mut buf);
+            let decoded = jfmt::decode(&buf);
+            self.entry = buf;
+            match decoded {
+                Ok(jfmt::Entry::Msg(msg)) => self.write_msg(msg)?,
+                _ => self.dropped += 1, // not expected: the hooks wrote it whole
+            }
         }
         self.gap_since = None;
         Ok(())

@@ -161,6 +161,14 @@ pub fn encode_each(msg: &Msg, buf: &mut Vec<u8>, mut each: impl FnMut(&[u8])) {
     each(buf);
 }
 
+/// The sequence number of an event's or a phase's entry, read without decoding it.
+pub fn seq_of(payload: &[u8]) -> Option<u64> {
+    match payload.first() {
+        Some(&EVENT | &PHASE) => Some(u64::from_le_bytes(payload.get(1..9)?.try_into().ok()?)),
+        _ => None,
+    }
+}
+
 /// The message's own entry (code descriptions left out: see [`encode_each`]).
 pub fn encode(msg: &Msg, out: &mut Vec<u8>) {
     out.clear();
