@@ -2,7 +2,6 @@
 //! same allocation loop (tests/emucuda/bench_alloc.c) untraced and traced, peak RSS of each
 //! (from `wait4`), and the difference.
 
-use std::path::Path;
 use std::process::Command;
 
 /// Runs `cmd` and returns its peak RSS in KiB.
@@ -22,18 +21,25 @@ fn peak_rss_kib(cmd: &mut Command) -> i64 {
 }
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    assert!(Command::new("cargo").args(["build", "--release", "-p", "gpumemtrace"]).current_dir(root).status().unwrap().success());
+    // BENCH_ROOT: run from a copy of the built tree elsewhere (no cargo, no compiler there).
+    let root = std::env::var_os("BENCH_ROOT").map(std::path::PathBuf::from).unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+    let root = root.as_path();
+    let prebuilt = std::env::var_os("BENCH_ROOT").is_some();
+    if !prebuilt {
+        assert!(Command::new("cargo").args(["build", "--release", "-p", "gpumemtrace"]).current_dir(root).status().unwrap().success());
+    }
     let target = std::env::var_os("CARGO_TARGET_DIR").map(Into::into).unwrap_or_else(|| root.join("target"));
     let emu = target.join("emucuda");
-    assert!(Command::new("make")
-        .arg("-s")
-        .arg("-C")
-        .arg(root.join("tests/emucuda"))
-        .arg(format!("OUT={}", emu.display()))
-        .status()
-        .unwrap()
-        .success());
+    if !prebuilt {
+        assert!(Command::new("make")
+            .arg("-s")
+            .arg("-C")
+            .arg(root.join("tests/emucuda"))
+            .arg(format!("OUT={}", emu.display()))
+            .status()
+            .unwrap()
+            .success());
+    }
     let shim = target.join("release/libgpumemtrace.so");
     let scratch = target.join("bench-scratch/rss");
     let _ = std::fs::remove_dir_all(&scratch);

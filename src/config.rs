@@ -3,7 +3,7 @@
 //! Every environment variable the shim reads is read here. Depends on nothing else in the crate.
 
 /// Default native stack depth.
-pub const DEFAULT_FRAMES: usize = 64;
+pub const DEFAULT_FRAMES: usize = 128;
 
 pub struct Config {
     /// `GPUMEMTRACE_OUTPUT`: a file name (`%p` = pid) or a directory (existing, or ending in '/').
@@ -146,17 +146,17 @@ mod tests {
     #[test]
     fn defaults_apply_without_variables() {
         let (c, w) = cfg(&[]);
-        assert_eq!((c.max_frames, c.disabled, c.output), (64, false, None));
+        assert_eq!((c.max_frames, c.disabled, c.output), (128, false, None));
         assert!(w.is_empty());
     }
 
     #[test]
     fn invalid_values_warn_and_fall_back() {
         let (c, w) = cfg(&[("GPUMEMTRACE_FRAMES", "lots"), ("GPUMEMTRACE_DISABLE", "sometimes")]);
-        assert_eq!((c.max_frames, c.disabled), (64, false));
+        assert_eq!((c.max_frames, c.disabled), (128, false));
         assert_eq!(w.len(), 2, "{w:?}");
         let (c, w) = cfg(&[("GPUMEMTRACE_FRAMES", "5000")]);
-        assert_eq!(c.max_frames, 64);
+        assert_eq!(c.max_frames, 128);
         assert!(w[0].contains("0 to 1024"), "{w:?}");
         let (c, w) = cfg(&[("GPUMEMTRACE_FILE_MODE", "0400")]);
         assert_eq!(c.file_mode, 0o600);

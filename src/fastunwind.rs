@@ -107,6 +107,10 @@ struct Memo {
     reads: Vec<(u64, u64)>,
     /// The walk stopped at the frame limit (and could go on from its last frame).
     at_max: bool,
+    /// That limit.
+    max: usize,
+    /// The frames the walk returned.
+    result: Vec<u64>,
     /// The walk had stop frames: a memo is only used by walks of the same kind, whose ends
     /// (a stop frame, the stack's end, unknown code) are then the same.
     with_stop: bool,
@@ -180,10 +184,14 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                 next.frames.clear();
                 next.reads.clear();
                 next.at_max = false;
+                next.max = max;
                 next.with_stop = !stop.is_empty();
                 next.snap = snap as *const Snapshot as usize;
                 let mut memo_ok = memo.snap == next.snap && memo.with_stop == next.with_stop;
                 let in_stack = |a: u64| a >= lo && a <= hi.saturating_sub(8);
+                // The memo's words were read on this thread's stack, whose bounds never change:
+                // they are still inside it.
+                debug_assert!(memo.reads.iter().all(|&(a, _)| in_stack(a)));
                 let mut regs = UnwindRegsX86_64::new(pc, sp, bp);
                 let mut addr = FrameAddress::InstructionPointer(pc);
                 let mut in_tracer = true;
@@ -194,20 +202,18 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                     let k = next.frames.len();
                     // The rest of the walk may be the previous one's.
                     if memo_ok {
-                        if let Some(j) = memo.find(addr, regs.sp(), regs.bp()) {
+                        if let Some(j) = memo.find(k, addr, regs.sp(), regs.bp()) {
                             let from = memo.frames[j].reads as usize;
                             let valid = memo.reads[from..].iter().all(|&(a, v)| {
-                                // SAFETY: `a..a+8` lies within this thread's mapped stack.
-                                in_stack(a) && unsafe { (a as *const u64).read_unaligned() } == v
+                                // SAFETY: `a..a+8` lies within this thread's mapped stack (above).
+                                let now = unsafe { (a as *const u64).read_unaligned() };
+                                now == v
                             });
-                            if valid && same_as_memo && j == k && !memo.at_max {
-                                // The whole walk is the previous one: keep it as the memo.
-                                frames.extend(memo.frames[j..].iter().map(|w| w.addr.address()).filter(|&a| {
-                                    let ours = in_tracer && skip.iter().any(|&(s, e)| a >= s && a < e);
-                                    in_tracer &= ours;
-                                    !ours
-                                }));
-                                frames.truncate(max);
+                            if valid && same_as_memo && j == k && (!memo.at_max || memo.max == max) {
+                                // The whole walk is the previous one (ended where it ended, or
+                                // cut at the same limit): keep it as the memo.
+                                frames.clone_from(&memo.result);
+                                flush_counts(walked, missed);
                                 return Ok(true);
                             }
                             if valid {
@@ -308,20 +314,31 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                         Ok(None) | Err(_) => break,
                     }
                 }
+                next.result.clone_from(frames);
                 std::mem::swap(memo, next);
-                if *walked >= 256 {
-                    WALKED.fetch_add(std::mem::take(walked), Relaxed);
-                    MISSED.fetch_add(std::mem::take(missed), Relaxed);
-                }
+                flush_counts(walked, missed);
                 return Ok(same_as_memo);
             }
         })
         .map_err(|_| Unavailable)?
 }
 
+/// Adds a thread's counts to `WALKED` / `MISSED` now and then (a walk that ends in a full memo
+/// hit may still have walked its innermost frames by rule).
+fn flush_counts(walked: &mut u64, missed: &mut u64) {
+    if *walked >= 256 {
+        WALKED.fetch_add(std::mem::take(walked), Relaxed);
+        MISSED.fetch_add(std::mem::take(missed), Relaxed);
+    }
+}
+
 impl Memo {
-    /// The frame of this walk at the same (address, sp, bp), if any: sps grow outwards.
-    fn find(&self, addr: FrameAddress, sp: u64, bp: u64) -> Option<usize> {
+    /// The frame of this walk at the same (address, sp, bp), if any: sps grow outwards. Most
+    /// often the one at the same depth `k`.
+    fn find(&self, k: usize, addr: FrameAddress, sp: u64, bp: u64) -> Option<usize> {
+        if self.frames.get(k).is_some_and(|w| w.addr == addr && w.sp == sp && w.bp == bp) {
+            return Some(k);
+        }
         let mut i = self.frames.partition_point(|w| w.sp < sp);
         while let Some(w) = self.frames.get(i).filter(|w| w.sp == sp) {
             if w.addr == addr && w.bp == bp {

@@ -41,7 +41,14 @@ pub fn traced(api: u32, op: Op, call: impl FnOnce() -> Status, describe: impl Fn
         }
         let result = call();
         if let Some((fields, seq, time)) = before {
-            guarded_record(api, result, fields, seq, time);
+            if result == SUCCESS {
+                // A free needs no stack (the allocation's says what the memory was for), only the
+                // bit that says whether Python code freed it, as a block free. A failed free
+                // keeps its stacks: a report shows where the bad free came from.
+                report_panic(catch_unwind(AssertUnwindSafe(|| free_without_stack(api, fields, seq, time))));
+            } else {
+                guarded_record(api, result, fields, seq, time);
+            }
         }
         return result;
     }
@@ -99,6 +106,15 @@ pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: O
     report_panic(catch_unwind(AssertUnwindSafe(|| {
         record(apis.0, SUCCESS, fields, clock::next_seq(), clock::now_ns())
     })));
+}
+
+fn free_without_stack(api: u32, f: Fields, seq: u64, time: u64) {
+    if !tracer::ensure_started() {
+        return;
+    }
+    let device = f.device.unwrap_or_else(resolve::current_device);
+    let flags = if crate::python::has_frames() { event_flags::PYTHON } else { 0 };
+    tracer::submit(bare_event(api, SUCCESS, f, device, seq, time, flags));
 }
 
 /// An event without stacks (`record` adds them).

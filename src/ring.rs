@@ -11,7 +11,7 @@ use std::fs::OpenOptions;
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 
 use gpumemtrace_format::journal::{self as j, header, ring};
 
@@ -25,6 +25,27 @@ pub const SHARED: usize = RINGS - 1;
 pub const MAX_WAIT_MS: u64 = 1000;
 /// Events given up that way.
 pub static GIVEN_UP: AtomicU64 = AtomicU64::new(0);
+/// Hand-overs that found their ring full and waited (the writer had fallen behind).
+pub static WAITED: AtomicU64 = AtomicU64::new(0);
+/// Commits that gave producers space back: a waiting hook tells a slow writer from a stalled one.
+static COMMITS: AtomicU64 = AtomicU64::new(0);
+
+pub fn commits() -> u64 {
+    COMMITS.load(Acquire)
+}
+
+/// Whether this process registered for `membarrier`'s private expedited command: then a hook
+/// marks its ring busy with a plain store, and the rare side (the exit drain) pays for the
+/// barrier instead, by interrupting every CPU that runs one of our threads (an asymmetric
+/// fence: a locked instruction per event was a tenth of a warm event's cost).
+static MEMBARRIER: AtomicBool = AtomicBool::new(false);
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+
+fn membarrier(cmd: libc::c_long) -> bool {
+    // SAFETY: membarrier takes no pointers; an unknown command (an old kernel) fails with EINVAL.
+    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0 as libc::c_long, 0 as libc::c_long) == 0 }
+}
 
 pub struct Journal {
     base: *mut u8,
@@ -95,6 +116,8 @@ impl Journal {
             return Err(e);
         }
         let jn = Journal { base: base.cast(), len, path };
+        // Per process image and per fork (a child's memory is new): done by every tracer start.
+        MEMBARRIER.store(membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED), SeqCst);
         jn.bytes(0, j::MAGIC);
         jn.u32(header::VERSION).store(j::VERSION, Relaxed);
         jn.u32(header::RINGS).store(RINGS as u32, Relaxed);
@@ -141,6 +164,40 @@ impl Journal {
             }
         }
         SHARED
+    }
+
+    fn busy(&self, i: usize) -> &AtomicU32 {
+        self.u32(Self::control(i, ring::BUSY))
+    }
+
+    /// The owner of ring `i` (not the shared one) starts handing an event over: its mark is
+    /// visible to `any_busy` before anything the caller reads afterwards (the tracer's state).
+    /// The mark is the owner's own cache line: no line shared between threads. Returns what
+    /// `leave` restores (a signal handler's nested call finds the outer call's mark).
+    pub fn enter(&self, i: usize) -> u32 {
+        let b = self.busy(i);
+        if MEMBARRIER.load(Relaxed) {
+            let before = b.load(Relaxed); // only the owner writes it
+            b.store(before + 1, Relaxed);
+            compiler_fence(SeqCst); // the CPU's reordering is `any_busy`'s membarrier's to undo
+            before
+        } else {
+            b.fetch_add(1, SeqCst)
+        }
+    }
+
+    pub fn leave(&self, i: usize, before: u32) {
+        self.busy(i).store(before, Release);
+    }
+
+    /// Whether any ring's owner is handing an event over, as seen after a full barrier on every
+    /// thread of the process: call it after changing what `enter`'s callers read next.
+    pub fn any_busy(&self) -> bool {
+        if !(MEMBARRIER.load(SeqCst) && membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)) {
+            // Unregistered, the marks were made with locked instructions: a fence here suffices.
+            fence(SeqCst);
+        }
+        (0..RINGS).any(|i| self.busy(i).load(SeqCst) != 0)
     }
 
     /// The thread that owned ring `i` is gone; what it wrote stays for the writer.
@@ -190,6 +247,9 @@ impl Journal {
             if head + total - done <= j::RING_BYTES {
                 break done;
             }
+            if tries == 0 {
+                WAITED.fetch_add(1, Relaxed);
+            }
             if !wait(tries) {
                 return None;
             }
@@ -228,6 +288,17 @@ impl Journal {
         end
     }
 
+    /// On the writer: the payload of the entry at `pos` of ring `i` (one that `take` gave) into
+    /// `buf`, read again. Its space is not committed yet (see `Writer::committable`), so no
+    /// producer has reused it.
+    pub fn reread(&self, i: usize, pos: u64, buf: &mut Vec<u8>) {
+        let mut frame = [0u8; j::FRAME as usize];
+        self.ring_read(i, pos, &mut frame);
+        let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize;
+        buf.resize(len.min(j::MAX_PAYLOAD), 0);
+        self.ring_read(i, pos + j::FRAME, buf);
+    }
+
     /// On the writer, before a write to the trace: where each ring will stand, and how many
     /// events the trace will hold, once the write completes.
     pub fn propose(&self, events: u64, positions: &[u64; RINGS]) {
@@ -239,8 +310,12 @@ impl Journal {
 
     /// On the writer, after the write completed: producers may reuse the space before `positions`.
     pub fn commit(&self, positions: &[u64; RINGS]) {
+        let mut moved = false;
         for (i, &p) in positions.iter().enumerate() {
-            self.u64(Self::control(i, ring::COMMITTED)).store(p, Release);
+            moved |= self.u64(Self::control(i, ring::COMMITTED)).swap(p, Release) != p;
+        }
+        if moved {
+            COMMITS.fetch_add(1, Release);
         }
     }
 

@@ -8,7 +8,7 @@
 
 use std::cell::RefCell;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::{Relaxed, SeqCst}};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -66,8 +66,9 @@ fn to_host_stderr(line: &str) {
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 /// Leaked on purpose: hooks may run on any thread until the very end of the process.
 static TRACER: AtomicPtr<Tracer> = AtomicPtr::new(null_mut());
-/// Hooks between "checked the state" and "handed the event over": the exit drain waits for them.
-static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+/// Hooks of threads without a ring of their own between "checked the state" and "handed the
+/// event over" (the others mark their ring busy): the exit drain waits for them.
+static IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
 static MAX_FRAMES: AtomicUsize = AtomicUsize::new(crate::config::DEFAULT_FRAMES);
 static ONCE_PER_IMAGE: AtomicBool = AtomicBool::new(false);
 static WARNED: AtomicBool = AtomicBool::new(false);
@@ -131,9 +132,10 @@ pub fn ensure_started() -> bool {
 
 /// Hands an event to the writer.
 pub fn submit(ev: RawEvent) {
-    let n = SUBMITTED.fetch_add(1, SeqCst) + 1;
-    if n == TEST_PANIC_AT.load(SeqCst) {
-        panic!("GPUMEMTRACE_TEST_PANIC_AT={n}: deliberate panic for testing");
+    // Counted only when a test asks for it: no shared counter on the hot path.
+    let panic_at = TEST_PANIC_AT.load(Relaxed);
+    if panic_at != 0 && SUBMITTED.fetch_add(1, SeqCst) + 1 == panic_at {
+        panic!("GPUMEMTRACE_TEST_PANIC_AT={panic_at}: deliberate panic for testing");
     }
     send(Msg::Event(ev));
 }
@@ -214,17 +216,26 @@ fn wait_for_doorbell(seen: u32, timeout: Duration) {
 }
 
 fn send(msg: Msg) {
-    IN_FLIGHT.fetch_add(1, SeqCst);
+    let Some(t) = tracer() else { return };
+    let ring = my_ring(t);
+    // Marked before the state is read (see `Journal::enter`): the exit drain, which changes
+    // the state first and then waits for marks, cannot miss this event. A thread's own ring
+    // has its own mark (no cache line shared with other threads).
+    let before = if ring == ring::SHARED { IN_FLIGHT.fetch_add(1, SeqCst) } else { t.journal.enter(ring) };
     let state = STATE.load(SeqCst);
-    if let (RUNNING | DIRECT, Some(t)) = (state, tracer()) {
-        if catch_unwind_silent(|| push(t, &msg)).is_none() {
+    if let RUNNING | DIRECT = state {
+        if catch_unwind_silent(|| push(t, ring, &msg)).is_none() {
             disable("internal error while handing an event to the writer");
         }
         if state == DIRECT {
             write_direct(t);
         }
     }
-    IN_FLIGHT.fetch_sub(1, SeqCst);
+    if ring == ring::SHARED {
+        IN_FLIGHT.fetch_sub(1, SeqCst);
+    } else {
+        t.journal.leave(ring, before);
+    }
 }
 
 fn catch_unwind_silent<R>(f: impl FnOnce() -> R) -> Option<R> {
@@ -232,13 +243,20 @@ fn catch_unwind_silent<R>(f: impl FnOnce() -> R) -> Option<R> {
 }
 
 /// Puts the message into the calling thread's ring, waiting (bounded) while the ring is full.
-fn push(t: &Tracer, msg: &Msg) {
-    let ring = my_ring(t);
+fn push(t: &Tracer, ring: usize, msg: &Msg) {
     let mut local = Vec::new();
     let put = |payload: &[u8]| {
-        // The clock is read only once the ring turns out full: not on the hot path.
-        let mut since = None;
-        let after = t.journal.push(ring, payload, |tries| wait_for_room(t, tries, *since.get_or_insert_with(Instant::now)));
+        // The clock is read only once the ring turns out full: not on the hot path. The wait is
+        // bounded by time without progress: a writer that commits, however slowly (starved of
+        // CPU by the program's own threads), is not a stalled output.
+        let (mut since, mut seen) = (None, ring::commits());
+        let after = t.journal.push(ring, payload, |tries| {
+            let c = ring::commits();
+            if c != seen {
+                (seen, since) = (c, None);
+            }
+            wait_for_room(t, tries, *since.get_or_insert_with(Instant::now))
+        });
         match after {
             Some(fill) => {
                 let half = jfmt::RING_BYTES / 2;
@@ -498,7 +516,7 @@ fn write_out(t: &Tracer, final_: bool) {
     let mut w = lock(&t.writer);
     loop {
         let read = w.drain().unwrap_or(0);
-        if IN_FLIGHT.load(SeqCst) == 0 && read == 0 {
+        if IN_FLIGHT.load(SeqCst) == 0 && !t.journal.any_busy() && read == 0 {
             break;
         }
         if t0.elapsed() > Duration::from_secs(2) {

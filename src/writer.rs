@@ -2,7 +2,7 @@
 //! the module map current, encodes with the format crate and writes the file. Runs on the
 //! writer thread, or on the exiting thread once the writer thread is done.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::fs::File;
 use std::io;
@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use gpumemtrace_format::{self as fmt, Encoder, Record};
+use rustc_hash::FxHashSet;
 
 use crate::config::Config;
 use crate::modules::{loaded_objects, Object};
@@ -56,7 +57,9 @@ pub struct Writer {
     /// Python stack ids by the hot path's key (`python::stack_key`).
     py_by_key: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
     /// Threads a Thread record was written for.
-    threads: HashSet<u32>,
+    threads: FxHashSet<u32>,
+    /// The thread of the previous event (no lookup while it stays the same).
+    last_tid: u32,
     /// Objects written to the trace, by (path, bias).
     modules: Vec<Object>,
     /// Addresses found in no loaded object even after a rescan (JIT code...): don't rescan.
@@ -73,17 +76,30 @@ pub struct Writer {
     zstd: Option<fmt::Compressor>,
     out: Vec<u8>,
     last_flush: Instant,
-    /// Messages that arrived ahead of their turn, by sequence number (see `clock::next_seq`),
-    /// with the ring and position they came from.
-    pending: BTreeMap<u64, (Msg, usize, u64)>,
+    /// Messages read and not written yet, one queue a ring, each in sequence-number order (see
+    /// `clock::next_seq`; a ring's own entries arrive in that order, so a queue grows at its
+    /// back): the writer merges the queues' fronts (`release`).
+    queues: Vec<VecDeque<Queued>>,
+    /// Messages in `queues`, which queues hold any (bit `i`: ring `i`), and which got one
+    /// ahead of their back (then their front is not the earliest position).
+    queued: usize,
+    nonempty: u64,
+    unordered: u64,
+    /// A queued entry's payload, read again to be written.
+    entry: Vec<u8>,
     /// The journal the hooks write to, and how far the writer has read each ring.
     journal: Option<&'static Journal>,
     read_pos: [u64; RINGS],
-    scratch: Vec<(u64, u64, Result<jfmt::Entry, String>)>,
     /// The sequence number to write next.
     next_seq: u64,
     /// Since when the next number has been missing (a thread between numbering and hand-over).
     gap_since: Option<Instant>,
+}
+
+/// A message read from a ring and not written yet: its number and where it lies in the ring.
+struct Queued {
+    seq: u64,
+    pos: u64,
 }
 
 /// A missing number is waited for this long, or while fewer than `MAX_PENDING` messages queue
@@ -120,7 +136,8 @@ impl Writer {
             py_codes: HashMap::new(),
             py_stacks: HashMap::new(),
             py_by_key: HashMap::default(),
-            threads: HashSet::new(),
+            threads: FxHashSet::default(),
+            last_tid: 0,
             modules: Vec::new(),
             unmapped: HashSet::new(),
             loads: 0,
@@ -129,12 +146,15 @@ impl Writer {
             gave_up: false,
             dropped: 0,
             last_flush: Instant::now(),
-            pending: BTreeMap::new(),
+            queues: (0..RINGS).map(|_| VecDeque::new()).collect(),
+            queued: 0,
+            nonempty: 0,
+            unordered: 0,
+            entry: Vec::new(),
             next_seq: 0,
             gap_since: None,
             journal,
             read_pos: [0; RINGS],
-            scratch: Vec::new(),
         };
         w.put(&Record::Process(process_info(start_ns, config)));
         for (&id, hook) in ALL.iter().zip(HOOKS) {
@@ -150,27 +170,29 @@ impl Writer {
         Ok(w)
     }
 
-    /// Reads every ring of the journal up to what the hooks published, in call order as far as
-    /// it is known (see `message`); returns how many entries were read.
+    /// Reads every ring of the journal up to what the hooks published, and writes in call order
+    /// as far as it is known (see `release`); returns how many entries were read.
     pub fn drain(&mut self) -> io::Result<usize> {
         let Some(jn) = self.journal else { return Ok(0) };
         self.watch_modules()?;
-        let mut n = 0;
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let mut r = Ok(());
+        crate::clock::refine();
+        let (mut n, mut r) = (0, Ok(()));
         for i in 0..RINGS {
-            scratch.clear();
-            jn.take(i, self.read_pos[i], |pos, payload| {
-                scratch.push((pos, pos + jfmt::entry_bytes(payload.len()), jfmt::decode(payload)))
-            });
-            for (pos, end, entry) in scratch.drain(..) {
+            self.read_pos[i] = jn.take(i, self.read_pos[i], |pos, payload| {
                 n += 1;
-                // Advanced entry by entry: a flush in the middle commits only what is written.
-                self.read_pos[i] = end;
-                match entry {
+                // A message waits for its turn as a number and a place in the ring (decoded when
+                // written: its space is not committed meanwhile); the usual case with one
+                // thread, the next number with nothing waiting, is written straight away.
+                let seq = jfmt::seq_of(payload);
+                if let Some(seq) = seq.filter(|&s| !(self.nonempty == 0 && s == self.next_seq && r.is_ok())) {
+                    self.enqueue(i, pos, seq);
+                    return;
+                }
+                match jfmt::decode(payload) {
                     Ok(jfmt::Entry::Msg(msg)) => {
+                        self.next_seq = self.next_seq.max(msg.seq() + 1);
                         if r.is_ok() {
-                            r = self.message(msg, i, pos);
+                            r = self.write_msg(msg);
                         }
                     }
                     // Code objects are described in arrival order, not call order: a
@@ -179,10 +201,27 @@ impl Writer {
                     Ok(jfmt::Entry::Codes(codes)) => self.write_codes(codes),
                     Err(_) => self.dropped += 1, // not expected: the hooks wrote it whole
                 }
-            }
+            });
         }
-        self.scratch = scratch;
-        r.map(|_| n)
+        r?;
+        self.release(false)?;
+        Ok(n)
+    }
+
+    /// Queues a message of ring `ring` in sequence order (almost always at the back: a thread
+    /// numbers and hands over its calls one after the other; threads sharing the last ring, or
+    /// a signal handler's phase, may interleave).
+    fn enqueue(&mut self, ring: usize, pos: u64, seq: u64) {
+        let q = &mut self.queues[ring];
+        let at = if q.back().is_none_or(|b| b.seq < seq) {
+            q.len()
+        } else {
+            self.unordered |= 1 << ring;
+            q.partition_point(|m| m.seq < seq)
+        };
+        q.insert(at, Queued { seq, pos });
+        self.queued += 1;
+        self.nonempty |= 1 << ring;
     }
 
     /// Whether a ring is filling up: then the writer writes out now, so its space returns.
@@ -191,42 +230,60 @@ impl Writer {
     }
 
     /// Where each ring stands once the buffer is written: what was read, except messages still
-    /// waiting for their turn (see `message`).
+    /// waiting for their turn (see `release`).
     fn committable(&self) -> [u64; RINGS] {
         let mut at = self.read_pos;
-        for &(_, ring, pos) in self.pending.values() {
-            at[ring] = at[ring].min(pos);
+        for (i, q) in self.queues.iter().enumerate() {
+            let min = if self.unordered & (1 << i) == 0 { q.front().map(|m| m.pos) } else { q.iter().map(|m| m.pos).min() };
+            if let Some(min) = min {
+                at[i] = at[i].min(min);
+            }
         }
         at
     }
 
-    /// Takes a message in arrival order and writes whatever is now next in call order.
-    fn message(&mut self, msg: Msg, ring: usize, pos: u64) -> io::Result<()> {
-        let seq = msg.seq();
-        if seq == self.next_seq && self.pending.is_empty() {
-            self.next_seq += 1; // the usual case: in order, nothing waiting
-            return self.write_msg(msg);
-        }
-        if seq < self.next_seq {
-            return self.write_msg(msg); // its gap was given up on: late, but not lost
-        }
-        self.pending.insert(seq, (msg, ring, pos));
-        self.release(false)
-    }
-
-    /// Writes pending messages in call order. `all`: also past gaps (exit, fatal signal).
+    /// Writes queued messages in call order: the lowest number at the front of a queue, as long
+    /// as it is the next one. A missing number (a thread between numbering its call and handing
+    /// it over) is waited for `GAP_WAIT`, or while fewer than `MAX_PENDING` messages queue; then
+    /// the writer goes on without it (it comes later, out of order, or never: a thread that
+    /// stopped tracing after numbering its call). `all`: also past gaps (exit, fatal signal).
     pub fn release(&mut self, all: bool) -> io::Result<()> {
-        while let Some(&first) = self.pending.keys().next() {
-            if first != self.next_seq {
+        while self.nonempty != 0 {
+            let mut bits = self.nonempty;
+            let (mut ring, mut seq) = (0, u64::MAX);
+            while bits != 0 {
+                let i = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let s = self.queues[i].front().map_or(u64::MAX, |m| m.seq);
+                if s < seq {
+                    (ring, seq) = (i, s);
+                }
+            }
+            if seq > self.next_seq {
                 let waited = self.gap_since.get_or_insert_with(Instant::now).elapsed();
-                if !all && waited < GAP_WAIT && self.pending.len() < MAX_PENDING {
+                if !all && waited < GAP_WAIT && self.queued < MAX_PENDING {
                     return Ok(());
                 }
             }
-            let (msg, _, _) = self.pending.remove(&first).expect("first key exists");
-            self.next_seq = first + 1;
+            let q = &mut self.queues[ring];
+            let m = q.pop_front().expect("a non-empty queue");
+            if q.is_empty() {
+                self.nonempty &= !(1 << ring);
+                self.unordered &= !(1 << ring);
+            }
+            self.queued -= 1;
+            // Below `next_seq`: its gap was given up on; late, but not lost.
+            self.next_seq = self.next_seq.max(seq + 1);
             self.gap_since = None;
-            self.write_msg(msg)?;
+            let Some(jn) = self.journal else { continue };
+            let mut buf = std::mem::take(&mut self.entry);
+            jn.reread(ring, m.pos, &mut buf);
+            let decoded = jfmt::decode(&buf);
+            self.entry = buf;
+            match decoded {
+                Ok(jfmt::Entry::Msg(msg)) => self.write_msg(msg)?,
+                _ => self.dropped += 1, // not expected: the hooks wrote it whole
+            }
         }
         self.gap_since = None;
         Ok(())
@@ -256,9 +313,10 @@ impl Writer {
         if let Some(n) = crate::python::take_notice() {
             self.notice(&n);
         }
-        if self.threads.insert(ev.tid) {
+        if ev.tid != self.last_tid && self.threads.insert(ev.tid) {
             self.thread(ev.tid, ev.thread_name, ev.py_tstate);
         }
+        self.last_tid = ev.tid;
         let pystack = match ev.py {
             Some(py) => self.intern_py(*py, ev.py_key),
             // A stack the thread sent before: its key is enough.
@@ -447,6 +505,10 @@ impl Writer {
                     "native unwinding: {walked} frames walked by rule (the rest reused), {missed} of them missed the rule cache"
                 ));
             }
+        }
+        let waited = crate::ring::WAITED.load(std::sync::atomic::Ordering::Relaxed);
+        if waited > 0 {
+            self.notice(&format!("{waited} events waited for room in their thread's ring (the writer had fallen behind)"));
         }
         let given_up = crate::ring::GIVEN_UP.load(std::sync::atomic::Ordering::Relaxed);
         if given_up > 0 {

@@ -52,6 +52,8 @@ pub mod ring {
     pub const OWNER: u64 = 128;
     /// Lock word of the shared ring.
     pub const LOCK: u64 = 192;
+    /// Non-zero while the owner is inside a hand-over (the exit drain waits for it to end).
+    pub const BUSY: u64 = 256;
 }
 
 /// Dictionary entry kinds.
@@ -157,6 +159,14 @@ pub fn encode_each(msg: &Msg, buf: &mut Vec<u8>, mut each: impl FnMut(&[u8])) {
     buf.clear();
     put_msg(msg, buf);
     each(buf);
+}
+
+/// The sequence number of an event's or a phase's entry, read without decoding it.
+pub fn seq_of(payload: &[u8]) -> Option<u64> {
+    match payload.first() {
+        Some(&EVENT | &PHASE) => Some(u64::from_le_bytes(payload.get(1..9)?.try_into().ok()?)),
+        _ => None,
+    }
 }
 
 /// The message's own entry (code descriptions left out: see [`encode_each`]).

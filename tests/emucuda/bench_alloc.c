@@ -1,6 +1,7 @@
 /* Benchmark driver for benches/overhead.rs: T threads each make N cuMemAlloc_v2 + cuMemFree_v2
  * pairs (emulated driver, linked directly) from a call stack D frames deep, timing every call.
  * Prints one line: threads=.. pairs=.. depth=.. wall_ns=.. alloc_p50_ns=.. alloc_p99_ns=..
+ * free_p50_ns=.. free_p99_ns=..
  *   usage: bench_alloc THREADS PAIRS DEPTH                                                    */
 #include <pthread.h>
 #include <stdio.h>
@@ -11,7 +12,7 @@
 #include "cuda.h"
 
 static int g_pairs, g_depth;
-static unsigned long long *g_lat; /* alloc latencies, per thread slices */
+static unsigned long long *g_lat, *g_free_lat; /* latencies, per thread slices */
 
 static unsigned long long now_ns(void)
 {
@@ -22,13 +23,17 @@ static unsigned long long now_ns(void)
 
 static void loop(unsigned long long *lat)
 {
+    unsigned long long *free_lat = g_free_lat + (lat - g_lat);
     for (int i = 0; i < g_pairs; i++) {
         CUdeviceptr p = 0;
         unsigned long long t0 = now_ns();
         CUresult r = cuMemAlloc(&p, 4096 + (i & 7) * 512);
         unsigned long long t1 = now_ns();
+        CUresult f = r == CUDA_SUCCESS ? cuMemFree(p) : r;
+        unsigned long long t2 = now_ns();
         lat[i] = t1 - t0;
-        if (r != CUDA_SUCCESS || cuMemFree(p) != CUDA_SUCCESS) {
+        free_lat[i] = t2 - t1;
+        if (r != CUDA_SUCCESS || f != CUDA_SUCCESS) {
             fprintf(stderr, "bench_alloc: call failed\n");
             exit(1);
         }
@@ -69,6 +74,7 @@ int main(int argc, char **argv)
     g_depth = argc > 3 ? atoi(argv[3]) : 0;
     if (cuInit(0) != CUDA_SUCCESS) return 1;
     g_lat = calloc((size_t)threads * g_pairs, sizeof *g_lat);
+    g_free_lat = calloc((size_t)threads * g_pairs, sizeof *g_free_lat);
     pthread_t *t = calloc(threads, sizeof *t);
     unsigned long long t0 = now_ns();
     for (int i = 0; i < threads; i++) pthread_create(&t[i], NULL, worker, g_lat + (size_t)i * g_pairs);
@@ -76,7 +82,8 @@ int main(int argc, char **argv)
     unsigned long long wall = now_ns() - t0;
     size_t n = (size_t)threads * g_pairs;
     qsort(g_lat, n, sizeof *g_lat, cmp);
-    printf("threads=%d pairs=%d depth=%d wall_ns=%llu alloc_p50_ns=%llu alloc_p99_ns=%llu\n", threads, g_pairs, g_depth,
-           wall, g_lat[n / 2], g_lat[n * 99 / 100]);
+    qsort(g_free_lat, n, sizeof *g_free_lat, cmp);
+    printf("threads=%d pairs=%d depth=%d wall_ns=%llu alloc_p50_ns=%llu alloc_p99_ns=%llu free_p50_ns=%llu free_p99_ns=%llu\n",
+           threads, g_pairs, g_depth, wall, g_lat[n / 2], g_lat[n * 99 / 100], g_free_lat[n / 2], g_free_lat[n * 99 / 100]);
     return 0;
 }
