@@ -34,6 +34,23 @@ fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// When the write in progress began (ns of `CLOCK_MONOTONIC`; 0: none in progress), and the
+/// time all finished writes took.
+static WRITING_SINCE_NS: AtomicU64 = AtomicU64::new(0);
+static WRITTEN_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Time spent writing to the output so far, the write in progress included: a writer that
+/// spends most of its time there is held by its output (a slow disk, a pipe read slowly),
+/// not merely short of CPU.
+pub fn time_in_writes() -> Duration {
+    let done = WRITTEN_NS.load(Ordering::Relaxed);
+    let now = match WRITING_SINCE_NS.load(Ordering::Relaxed) {
+        0 => 0,
+        since => now_ns().saturating_sub(since),
+    };
+    Duration::from_nanos(done + now)
+}
+
 fn past_exit_deadline() -> bool {
     let at = GIVE_UP_AT_NS.load(Ordering::Relaxed);
     at != 0 && now_ns() >= at
@@ -199,6 +216,15 @@ pub fn reopen(path: &Path) -> io::Result<File> {
 /// Writes all of `buf`, never killing the host (SIGXFSZ and SIGPIPE blocked: EFBIG and EPIPE
 /// instead) and never waiting longer than `PATIENCE` for an output that takes nothing more.
 pub fn write_all(file: &File, buf: &[u8]) -> io::Result<()> {
+    let t0 = now_ns();
+    WRITING_SINCE_NS.store(t0, Ordering::Relaxed);
+    let r = write_all_unwatched(file, buf);
+    WRITTEN_NS.fetch_add(now_ns().saturating_sub(t0), Ordering::Relaxed);
+    WRITING_SINCE_NS.store(0, Ordering::Relaxed);
+    r
+}
+
+fn write_all_unwatched(file: &File, buf: &[u8]) -> io::Result<()> {
     without_signals(&[libc::SIGXFSZ, libc::SIGPIPE], || {
         let mut rest = buf;
         let mut stuck_since: Option<Instant> = None;

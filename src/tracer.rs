@@ -248,14 +248,22 @@ fn push(t: &Tracer, ring: usize, msg: &Msg) {
     let put = |payload: &[u8]| {
         // The clock is read only once the ring turns out full: not on the hot path. The wait is
         // bounded by time without progress: a writer that commits, however slowly (starved of
-        // CPU by the program's own threads), is not a stalled output.
-        let (mut since, mut seen) = (None, ring::commits());
+        // CPU by the program's own threads), is not a stalled output. But a writer that spent
+        // most of a second of waiting inside writes is held by its output (a slow disk, a pipe
+        // read slowly): its commits do not count, or the host would run at the output's speed.
+        let (mut last_commit, mut seen, mut waiting) = (None, ring::commits(), None);
         let after = t.journal.push(ring, payload, |tries| {
+            let now = Instant::now();
             let c = ring::commits();
             if c != seen {
-                (seen, since) = (c, None);
+                (seen, last_commit) = (c, None);
             }
-            wait_for_room(t, tries, *since.get_or_insert_with(Instant::now))
+            let since = *last_commit.get_or_insert(now);
+            let (began, writes_then) = *waiting.get_or_insert_with(|| (now, crate::output::time_in_writes()));
+            let waited = now - began;
+            let in_writes = crate::output::time_in_writes().saturating_sub(writes_then);
+            let output_bound = waited >= Duration::from_millis(ring::MAX_WAIT_MS) && in_writes * 2 >= waited;
+            wait_for_room(t, tries, if output_bound { began } else { since })
         });
         match after {
             Some(fill) => {
@@ -538,7 +546,9 @@ fn write_out(t: &Tracer, final_: bool) {
         Ok(()) if final_ => {
             w.remove_journal();
             if t.announce {
-                to_host_stderr(&format!("gpumemtrace: {} events traced to {}\n", w.events, w.path.display()));
+                let lost = ring::GIVEN_UP.load(SeqCst);
+                let lost = if lost > 0 { format!(" ({lost} more were lost: the output did not keep up)") } else { String::new() };
+                to_host_stderr(&format!("gpumemtrace: {} events traced to {}{lost}\n", w.events, w.path.display()));
             }
         }
         Ok(()) => {}

@@ -513,7 +513,7 @@ impl Writer {
         let given_up = crate::ring::GIVEN_UP.load(std::sync::atomic::Ordering::Relaxed);
         if given_up > 0 {
             self.notice(&format!(
-                "{given_up} events were lost: the trace's output did not keep up (a hook waits at most {} ms for room)",
+                "{given_up} events were lost: the trace's output did not keep up (a hook waits for room until the writer makes no progress, or spends most of the wait writing, for {} ms)",
                 crate::ring::MAX_WAIT_MS
             ));
         }

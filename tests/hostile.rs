@@ -404,6 +404,43 @@ fn a_fifo_that_is_read_gets_the_complete_trace() {
     assert!(!dir.join("trace.fifo.journal").exists());
 }
 
+#[test]
+fn an_output_read_slowly_bounds_the_host_and_says_what_it_gave_up() {
+    // Before: a writer that kept committing, however slowly, held every hook, so the host ran at
+    // the reader's speed (here 40 KB/s for about 8 MB of trace: more than three minutes), and
+    // at exit it waited for the last byte. Now waiting that is mostly the writer's time in
+    // writes ends after a second (the events given up are counted), and the exit stops writing
+    // after 10 s.
+    let dir = scratch("slow-fifo");
+    let fifo = dir.join("slow.fifo");
+    mkfifo(&fifo);
+    let path = fifo.clone();
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut f = std::fs::File::open(&path).unwrap();
+        let (mut buf, mut total) = (vec![0u8; 4096], 0usize);
+        while let Ok(n) = f.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            total += n;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        total
+    });
+    let env = [("GPUMEMTRACE_OUTPUT", fifo.to_str().unwrap()), ("GPUMEMTRACE_COMPRESS", "0")];
+    let traced = run("prog_threads", &args(&["4", "50000"]), &[&shim()], &env, Duration::from_secs(120));
+    assert_eq!(traced.ended(), "exit 0", "{}", traced.stderr);
+    // Generous: the point is the class of time (seconds, not the reader's minutes).
+    assert!(traced.elapsed < Duration::from_secs(60), "the host took {:?}", traced.elapsed);
+    // The exit line says how many were lost; the reader got a trace whose stats count them.
+    let lines = tracer_lines(&traced.stderr);
+    assert_eq!(lines.len(), 1, "{}", traced.stderr);
+    assert!(lines[0].contains("more were lost: the output did not keep up"), "{}", lines[0]);
+    let read = reader.join().unwrap();
+    assert!(read > 0 && read < 8 << 20, "the reader got {read} bytes");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Case 7: what a trace names (module paths, program and function names) cannot hurt its reader.
 

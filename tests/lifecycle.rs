@@ -285,8 +285,8 @@ fn a_stalled_output_costs_the_host_a_bounded_wait_and_every_event_given_up_is_co
     let given_up = stats.dropped;
     assert!(given_up > 0 && recorded > 0, "recorded {recorded}, given up {given_up}");
     assert_eq!(recorded + given_up, made, "every event is either in the trace or counted as given up");
-    let notice = format!("{given_up} events were lost: the trace's output did not keep up (a hook waits at most 1000 ms for room)");
-    assert!(t.notices.contains(&notice), "{:?}", t.notices);
+    let notice = format!("{given_up} events were lost: the trace's output did not keep up");
+    assert!(t.notices.iter().any(|n| n.starts_with(&notice)), "{:?}", t.notices);
     // The summary says so too.
     let json = summary_json(&run.traces[0]);
     assert_eq!(json["traces"][0]["dropped"], given_up, "{json}");
