@@ -13,7 +13,8 @@
 //!   writer thread, exit, fork, fatal signals through [`crash`]), [`writer`] (interns stacks,
 //!   keeps the module map, encodes records with the format crate, writes the file).
 //! - Capture: [`python`] (the calling thread's CPython frames, read from interpreter memory
-//!   without the GIL), [`unwind`] and [`fastunwind`] (native return addresses).
+//!   without the GIL) with [`pylayout`] (CPython's offsets per version), [`unwind`] and
+//!   [`fastunwind`] (native return addresses).
 //! - Data and small services, depending on nothing above: [`table`] (the one declarative list of
 //!   hooked functions, and their real functions), [`record`] (what the hooks hand to the writer),
 //!   [`clock`] (time, call order, tracer starts), [`thread`] (thread id and name), [`config`]
@@ -40,6 +41,7 @@ mod nvtx;
 mod output;
 mod phdr;
 mod phases;
+mod pylayout;
 mod python;
 mod record;
 mod resolve;
