@@ -114,15 +114,40 @@ struct Memo {
     /// The walk had stop frames: a memo is only used by walks of the same kind, whose ends
     /// (a stop frame, the stack's end, unknown code) are then the same.
     with_stop: bool,
+    /// Indices in `reads` of saved-rbp slots whose value the rest of the walk never uses (see
+    /// `Walked::free`), ascending: not checked, so a caller's changing rbp does not end the hit.
+    dead: Vec<u32>,
 }
 
 #[derive(Clone, Copy)]
 struct Walked {
     addr: FrameAddress,
     sp: u64,
+    /// Exact unless `free` (then it may be an older walk's: no outcome depends on it).
     bp: u64,
     /// Start of the words read to unwind this frame.
     reads: u32,
+    /// What unwinding this frame did with rbp.
+    bp_use: BpUse,
+    /// No outcome of the walk from this frame depends on its rbp: rbp is carried through frames
+    /// whose rules ignore it, up to a frame that restores it from the stack, or to a walk's end
+    /// reached without unwinding. Such a frame matches whatever its rbp.
+    free: bool,
+}
+
+/// How a frame's unwinding depends on rbp, found by unwinding it a second time with rbp (and the
+/// candidate saved-rbp word) poisoned: framehop does not show its rules.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum BpUse {
+    /// Not unwound (the walk's last frame).
+    None,
+    /// The caller's rbp is this frame's; nothing else depends on it.
+    Carries,
+    /// The caller's rbp is the word `reads[i]` (absolute index), used for nothing else; nothing
+    /// depends on this frame's rbp.
+    Restores(u32),
+    /// Anything else: the frame's outcome depends on its rbp.
+    Uses,
 }
 
 /// framehop's rule cache is direct-mapped with 509 slots (`address % 509`). PyTorch's stacks
@@ -152,6 +177,8 @@ pub static MISSED: AtomicU64 = AtomicU64::new(0);
 
 struct PerThread {
     caches: Caches,
+    /// For the poisoned second unwind of a frame whose rule missed `caches` (see `classify`).
+    scratch: Box<CacheX86_64>,
     memo: Memo,
     next: Memo,
     /// Not yet added to `WALKED` / `MISSED` (added in batches: no shared cache line per event).
@@ -176,9 +203,9 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
         .try_with(|c| {
             let mut c = c.try_borrow_mut().map_err(|_| Unavailable)?;
             let t = c.get_or_insert_with(|| {
-                Box::new(PerThread { caches: Caches::new(), memo: Memo::default(), next: Memo::default(), walked: 0, missed: 0 })
+                Box::new(PerThread { caches: Caches::new(), scratch: Box::new(CacheX86_64::new()), memo: Memo::default(), next: Memo::default(), walked: 0, missed: 0 })
             });
-            let PerThread { caches, memo, next, walked, missed } = &mut **t;
+            let PerThread { caches, scratch, memo, next, walked, missed } = &mut **t;
             'again: loop {
                 frames.clear();
                 next.frames.clear();
@@ -204,11 +231,7 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                     if memo_ok {
                         if let Some(j) = memo.find(k, addr, regs.sp(), regs.bp()) {
                             let from = memo.frames[j].reads as usize;
-                            let valid = memo.reads[from..].iter().all(|&(a, v)| {
-                                // SAFETY: `a..a+8` lies within this thread's mapped stack (above).
-                                let now = unsafe { (a as *const u64).read_unaligned() };
-                                now == v
-                            });
+                            let valid = memo.still_holds(from);
                             if valid && same_as_memo && j == k && (!memo.at_max || memo.max == max) {
                                 // The whole walk is the previous one (ended where it ended, or
                                 // cut at the same limit): keep it as the memo.
@@ -220,9 +243,16 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                                 memo_ok = false; // one hit per walk: it covers the rest
                                 same_as_memo &= j == k;
                                 let base = next.reads.len() as u32;
+                                let first = next.frames.len();
+                                let bp_here = regs.bp();
                                 next.reads.extend_from_slice(&memo.reads[from..]);
+                                let rebase = |r: u32| r - from as u32 + base;
                                 for w in &memo.frames[j..] {
-                                    next.frames.push(Walked { reads: w.reads - from as u32 + base, ..*w });
+                                    let bp_use = match w.bp_use {
+                                        BpUse::Restores(r) => BpUse::Restores(rebase(r)),
+                                        u => u,
+                                    };
+                                    next.frames.push(Walked { reads: rebase(w.reads), bp_use, ..*w });
                                     let a = w.addr.address();
                                     if in_tracer && skip.iter().any(|&(s, e)| a >= s && a < e) {
                                         continue;
@@ -238,7 +268,13 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                                     next.frames.truncate(next.frames.len() - excess);
                                     let keep = next.frames.last().map_or(0, |w| w.reads as usize);
                                     next.reads.truncate(keep);
+                                    if let Some(w) = next.frames.last_mut() {
+                                        w.bp_use = BpUse::None;
+                                    }
                                     next.at_max = true;
+                                    // A later walk may go on from the last frame: its rbp must
+                                    // be this stack's, not a free frame's older value.
+                                    next.exact_bps(first, bp_here);
                                     break;
                                 }
                                 if !memo.at_max {
@@ -275,7 +311,8 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                     }
                     // Unchanged so far only if this frame is the previous walk's at the same depth.
                     same_as_memo &= memo.frames.get(k).is_some_and(|w| w.addr == addr);
-                    next.frames.push(Walked { addr, sp: regs.sp(), bp: regs.bp(), reads: next.reads.len() as u32 });
+                    let r0 = next.reads.len();
+                    next.frames.push(Walked { addr, sp: regs.sp(), bp: regs.bp(), reads: r0 as u32, bp_use: BpUse::None, free: false });
                     if !(in_tracer && skip.iter().any(|&(s, e)| a >= s && a < e)) {
                         in_tracer = false;
                         frames.push(a);
@@ -303,9 +340,20 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                     };
                     let cache = caches.for_address(addr.address_for_lookup());
                     let hits = cache.stats().hit_count;
+                    let before = regs;
                     let unwound = snap.unwinder.unwind_frame(addr, &mut regs, cache, &mut read);
                     *walked += 1;
-                    *missed += (cache.stats().hit_count == hits) as u64;
+                    let miss = cache.stats().hit_count == hits;
+                    *missed += miss as u64;
+                    // A rule that missed may be one framehop does not cache (ffi_call_unix64's
+                    // CFA = rbp + 32, evaluated each time): unwound again with a poisoned rbp it
+                    // fails, and framehop then caches its fallback rule (CFA = rbp + 16) for that
+                    // address, which every later walk would use. Poison only a scratch cache.
+                    let poison_cache = if miss { &mut **scratch } else { cache };
+                    let bp_use = classify(&snap.unwinder, addr, before, &regs, &unwound, &next.reads[r0..], r0, poison_cache);
+                    if let Some(w) = next.frames.last_mut() {
+                        w.bp_use = bp_use;
+                    }
                     match unwound {
                         Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
                             Some(f) => addr = f,
@@ -315,6 +363,7 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                     }
                 }
                 next.result.clone_from(frames);
+                next.seal();
                 std::mem::swap(memo, next);
                 flush_counts(walked, missed);
                 return Ok(same_as_memo);
@@ -332,16 +381,140 @@ fn flush_counts(walked: &mut u64, missed: &mut u64) {
     }
 }
 
+/// How unwinding the frame at `addr` from `before` (giving `after` and `out`, reading `rec`,
+/// the words from index `r0` on) depends on rbp: the frame is unwound again with rbp poisoned
+/// and, where one word read holds the new rbp, that word poisoned differently. A frame whose
+/// outcome, other than rbp, and whose reads stay the same ignores rbp; its new rbp is then
+/// either the poisoned rbp (carried) or the poisoned word (restored).
+#[allow(clippy::too_many_arguments)]
+fn classify(
+    unwinder: &UnwinderX86_64<Mapped>,
+    addr: FrameAddress,
+    before: UnwindRegsX86_64,
+    after: &UnwindRegsX86_64,
+    out: &Result<Option<u64>, framehop::Error>,
+    rec: &[(u64, u64)],
+    r0: usize,
+    cache: &mut CacheX86_64,
+) -> BpUse {
+    const P: u64 = 0x5a5a_5a5a_5a5a_5a50;
+    const Q: u64 = 0x3c3c_3c3c_3c3c_3c30;
+    let bp_out = after.bp();
+    let mut holding = rec.iter().enumerate().filter(|(_, r)| r.1 == bp_out).map(|(i, _)| i);
+    let cand = match (holding.next(), holding.next()) {
+        (Some(i), None) if matches!(out, Ok(Some(_))) => Some(i),
+        _ => None,
+    };
+    let mut regs = UnwindRegsX86_64::new(before.ip(), before.sp(), before.bp() ^ P);
+    let (mut n, mut same) = (0, true);
+    let mut read = |a: u64| -> Result<u64, ()> {
+        match rec.get(n) {
+            Some(&(at, v)) if at == a => {
+                n += 1;
+                Ok(if cand == Some(n - 1) { v ^ Q } else { v })
+            }
+            _ => {
+                same = false;
+                Err(())
+            }
+        }
+    };
+    let poisoned = unwinder.unwind_frame(addr, &mut regs, cache, &mut read);
+    if !same || n != rec.len() {
+        return BpUse::Uses;
+    }
+    match (out, &poisoned) {
+        (Ok(Some(a)), Ok(Some(b))) if a == b && regs.sp() == after.sp() => {
+            if bp_out == before.bp() && regs.bp() == before.bp() ^ P {
+                BpUse::Carries
+            } else if cand.is_some() && regs.bp() == bp_out ^ Q {
+                BpUse::Restores((r0 + cand.unwrap_or(0)) as u32)
+            } else {
+                BpUse::Uses
+            }
+        }
+        // The walk ends here whatever rbp.
+        (Ok(None), Ok(None)) | (Err(_), Err(_)) => BpUse::Carries,
+        _ => BpUse::Uses,
+    }
+}
+
 impl Memo {
+    /// Whether every word read from `reads[from]` on still holds its value (the dead ones aside).
+    fn still_holds(&self, from: usize) -> bool {
+        let mut d = self.dead.partition_point(|&i| (i as usize) < from);
+        for (i, &(a, v)) in self.reads.iter().enumerate().skip(from) {
+            // SAFETY: `a..a+8` lies within this thread's mapped stack (`capture` read it there).
+            let now = unsafe { (a as *const u64).read_unaligned() };
+            if now != v {
+                while self.dead.get(d).is_some_and(|&x| (x as usize) < i) {
+                    d += 1;
+                }
+                if self.dead.get(d) != Some(&(i as u32)) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Marks which frames are `free` and which saved-rbp words are `dead`, from the outermost
+    /// frame in: nothing past the walk's end depends on anything, but a frame a later walk may
+    /// go on from (the last one of a walk cut at its limit) uses its rbp.
+    fn seal(&mut self) {
+        self.dead.clear();
+        let n = self.frames.len();
+        let mut outer_free = true;
+        for i in (0..n).rev() {
+            let w = &mut self.frames[i];
+            w.free = match w.bp_use {
+                BpUse::None => !(self.at_max && i + 1 == n),
+                BpUse::Carries => outer_free,
+                BpUse::Restores(r) => {
+                    if outer_free {
+                        self.dead.push(r);
+                    }
+                    true
+                }
+                BpUse::Uses => false,
+            };
+            outer_free = w.free;
+        }
+        self.dead.reverse();
+    }
+
+    /// Sets the rbp of `frames[from..]` to this stack's, `bp` being that of `frames[from]`
+    /// (copied from a memo whose free frames may hold an older walk's), and the saved-rbp words
+    /// on the way to what they hold now.
+    fn exact_bps(&mut self, from: usize, mut bp: u64) {
+        for i in from..self.frames.len() {
+            self.frames[i].bp = bp;
+            bp = match self.frames[i].bp_use {
+                BpUse::Carries => bp,
+                BpUse::Restores(r) => {
+                    let (a, _) = self.reads[r as usize];
+                    // SAFETY: `a..a+8` lies within this thread's mapped stack (it was read there).
+                    let v = unsafe { (a as *const u64).read_unaligned() };
+                    self.reads[r as usize].1 = v;
+                    v
+                }
+                BpUse::Uses | BpUse::None => match self.frames.get(i + 1) {
+                    Some(w) => w.bp,
+                    None => break,
+                },
+            };
+        }
+    }
+
     /// The frame of this walk at the same (address, sp, bp), if any: sps grow outwards. Most
     /// often the one at the same depth `k`.
     fn find(&self, k: usize, addr: FrameAddress, sp: u64, bp: u64) -> Option<usize> {
-        if self.frames.get(k).is_some_and(|w| w.addr == addr && w.sp == sp && w.bp == bp) {
+        if self.frames.get(k).is_some_and(|w| w.addr == addr && w.sp == sp && (w.bp == bp || w.free)) {
             return Some(k);
         }
         let mut i = self.frames.partition_point(|w| w.sp < sp);
         while let Some(w) = self.frames.get(i).filter(|w| w.sp == sp) {
-            if w.addr == addr && w.bp == bp {
+            if w.addr == addr && (w.bp == bp || w.free) {
                 return Some(i);
             }
             i += 1;

@@ -58,3 +58,36 @@ fn fast_unwinder_matches_libgcc_without_frame_pointers() {
 fn fast_unwinder_matches_libgcc_with_frame_pointers() {
     compare("prog_unwind_fp");
 }
+
+/// The number in the trace's "native unwinding: N frames walked by rule" notice (0 without it).
+fn frames_walked_by_rule(run: &Run) -> u64 {
+    let t = run.trace();
+    t.notices
+        .iter()
+        .find_map(|n| n.strip_prefix("native unwinding: ")?.split(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn fast_unwinder_matches_libgcc_where_only_some_frames_use_rbp() {
+    // prog_unwind_bp: a frame like libffi's ffi_call_unix64 (CFA = rbp + 32, a rule framehop
+    // evaluates every time), a frame-pointer frame whose inner frames are at the same stack
+    // addresses at two depths (only the rbp saved further in tells the stacks apart), and a loop
+    // keeping a changing value in rbp that no frame uses as a frame pointer.
+    let fast_run = run_traced("prog_unwind_bp", &[], &[("GPUMEMTRACE_UNWINDER", "fast")]);
+    let fast = stacks(&fast_run);
+    let slow = stacks(&run_traced("prog_unwind_bp", &[], &[("GPUMEMTRACE_UNWINDER", "backtrace")]));
+    assert_eq!(fast.len(), slow.len());
+    assert_eq!(fast.iter().filter(|s| !s.is_empty()).count(), 3060, "one stack per allocation");
+    for (i, (f, s)) in fast.iter().zip(&slow).enumerate() {
+        assert_eq!(f, s, "event {i}: fast unwinder differs from libgcc");
+    }
+    // Both variants of each of the first three loops are there (in_big's and in_small's too).
+    let distinct: std::collections::HashSet<_> = fast.iter().filter(|s| !s.is_empty()).collect();
+    assert_eq!(distinct.len(), 7, "{distinct:#x?}");
+    // The 3000 calls of the last loop differ only in rbp: the memo of the previous walk takes
+    // them, so fewer frames are walked by rule in the whole run than there are calls in that loop
+    // (without it, each call walks its innermost frames again: 45884 frames measured).
+    let walked = frames_walked_by_rule(&fast_run);
+    assert!(walked < 3000, "{walked} frames walked by rule");
+}
