@@ -19,10 +19,11 @@
 //!   [`clock`] (time, call order, tracer starts), [`thread`] (thread id and name), [`config`]
 //!   (every environment variable), [`resolve`], [`modules`], [`phdr`] (the one walk over the
 //!   loaded objects), [`lazy`] (the one slot type for a function found on first use), [`guard`],
-//!   [`output`], [`cuda`].
+//!   [`output`], [`cuda`], [`aggregate`] (the summaries of aggregate mode).
 //!
 //! `unsafe` lives in the FFI-facing modules, each use with a `// SAFETY:` note.
 
+mod aggregate;
 mod clock;
 mod config;
 mod crash;

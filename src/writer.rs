@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use gpumemtrace_format::{self as fmt, Encoder, Record};
 use rustc_hash::FxHashSet;
 
+use crate::aggregate::{Aggregate, Call};
 use crate::config::Config;
 use crate::modules::{loaded_objects, Object};
 use crate::table::{ALL, HOOKS};
@@ -94,6 +95,8 @@ pub struct Writer {
     next_seq: u64,
     /// Since when the next number has been missing (a thread between numbering and hand-over).
     gap_since: Option<Instant>,
+    /// Aggregate mode (`Config::aggregate`): successful calls go into summaries, not records.
+    agg: Option<Aggregate>,
 }
 
 /// A message read from a ring and not written yet: its number and where it lies in the ring.
@@ -155,6 +158,7 @@ impl Writer {
             gap_since: None,
             journal,
             read_pos: [0; RINGS],
+            agg: None,
         };
         w.put(&Record::Process(process_info(start_ns, config)));
         for (&id, hook) in ALL.iter().zip(HOOKS) {
@@ -163,6 +167,12 @@ impl Writer {
             }
         }
         w.rescan_modules();
+        if config.aggregate {
+            let apis = ALL.iter().zip(HOOKS).filter_map(|(&id, h)| h.event.map(|(k, o)| (id as u32, k, o)));
+            w.agg = Some(Aggregate::new(apis));
+            // The empty summary: tells a reader from the start that this trace is aggregate.
+            w.summary(false);
+        }
         for p in early_phases {
             w.phase(p);
         }
@@ -300,6 +310,9 @@ impl Writer {
     }
 
     fn phase(&mut self, p: RawPhase) {
+        if self.agg.is_some() {
+            return; // one record per push and pop grows with the run: aggregate traces have none
+        }
         let time_ns = p.time_ns.saturating_sub(self.start_ns);
         self.put(&Record::Phase(fmt::Phase { time_ns, tid: p.tid, op: p.op, name: p.name }));
     }
@@ -324,9 +337,17 @@ impl Writer {
             None => 0,
         };
         let stack = self.intern(ev.frames);
+        let time_ns = ev.time_ns.saturating_sub(self.start_ns);
+        if let Some(agg) = self.agg.as_mut().filter(|_| ev.result == 0) {
+            let c = Call { api: ev.api, time_ns, device: ev.device, addr: ev.addr, size: ev.size, extra: ev.extra, stack, pystack };
+            if agg.absorb(&c) {
+                self.events += 1;
+                return Ok(());
+            }
+        }
         self.put(&Record::Event(fmt::Event {
             api: ev.api,
-            time_ns: ev.time_ns.saturating_sub(self.start_ns),
+            time_ns,
             tid: ev.tid,
             stack,
             result: ev.result,
@@ -517,6 +538,7 @@ impl Writer {
                 crate::ring::MAX_WAIT_MS
             ));
         }
+        self.summary(final_);
         let s = fmt::Stats { events: self.events, dropped: self.dropped + given_up, final_ };
         self.put(&Record::Stats(s));
     }
@@ -584,8 +606,21 @@ impl Writer {
         }
     }
 
+    /// In aggregate mode, a summary of the run so far (the last complete one is the trace's).
+    fn summary(&mut self, final_: bool) {
+        let time_ns = crate::clock::now_ns().saturating_sub(self.start_ns);
+        if let Some(agg) = self.agg.as_mut() {
+            for r in agg.summary(time_ns, self.events, final_) {
+                self.enc.encode(&r, &mut self.buf);
+            }
+        }
+    }
+
     pub fn flush_if_due(&mut self) -> io::Result<()> {
         self.release(false)?; // a gap that has lasted long enough is given up on here
+        if self.agg.as_mut().is_some_and(|a| a.due()) {
+            self.summary(false);
+        }
         if !self.buf.is_empty() && self.last_flush.elapsed() >= FLUSH_INTERVAL {
             self.flush()
         } else {

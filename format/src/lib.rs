@@ -106,6 +106,24 @@ mod tests {
             Record::Phase(Phase { time_ns: 960, tid: 7, op: PhaseOp::Push, name: "forward".into() }),
             Record::Thread(Thread { tid: 7, name: "pt_autograd_0".into(), python: false }),
             Record::Stats(Stats { events: 2, dropped: 0, final_: true }),
+            Record::AggStart(AggStart { seq: 3, time_ns: 5_000_000_000, events: 1 << 33, final_: true }),
+            Record::AggSite(AggSite {
+                seq: 3,
+                device: -1,
+                kind: MemKind::HostPinned,
+                stack: 1,
+                pystack: 1,
+                allocations: 100_000,
+                allocated_bytes: 100_000 << 20,
+                frees: 99_999,
+                live_bytes: 1 << 20,
+                live_count: 1,
+                peak_bytes: 2 << 20,
+                peak_count: 2,
+            }),
+            Record::AggPeak(AggPeak { seq: 3, device: 0, kind: Some(MemKind::Block), bytes: 1 << 30, time_ns: 77 }),
+            Record::AggPeak(AggPeak { seq: 3, device: 0, kind: None, bytes: 3 << 30, time_ns: 78 }),
+            Record::AggEnd(3),
         ]
     }
 

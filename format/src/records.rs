@@ -274,6 +274,53 @@ pub struct Stats {
     pub final_: bool,
 }
 
+/// Aggregate mode (`GPUMEMTRACE_AGGREGATE=1`): instead of one record per event, the trace holds
+/// summaries, each `AggStart`, its `AggSite`s and `AggPeak`s, then `AggEnd` with the same `seq`.
+/// A summary covers the whole run up to its time; the last complete one is the trace's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AggStart {
+    /// Numbers the summaries of a trace, from 0 (the empty one written at the start).
+    pub seq: u64,
+    /// Nanoseconds since [`Process::start_monotonic_ns`].
+    pub time_ns: u64,
+    /// Events the tracer recorded up to this summary (summarized or written as events).
+    pub events: u64,
+    /// True for the summary written when the process finished its trace.
+    pub final_: bool,
+}
+
+/// One allocation site of one group (device, memory kind) over the run so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AggSite {
+    pub seq: u64,
+    pub device: i32,
+    pub kind: MemKind,
+    /// Stack and PyStack ids of its allocations (0 = none).
+    pub stack: u32,
+    pub pystack: u32,
+    /// Successful allocations and their bytes; successful frees of them.
+    pub allocations: u64,
+    pub allocated_bytes: u64,
+    pub frees: u64,
+    /// Its allocations live now: bytes, count.
+    pub live_bytes: u64,
+    pub live_count: u64,
+    /// Its allocations live at its group's peak: bytes, count.
+    pub peak_bytes: u64,
+    pub peak_count: u64,
+}
+
+/// The peak of one group, or (`kind` None) of a device's GPU memory (the kinds that occupy it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AggPeak {
+    pub seq: u64,
+    pub device: i32,
+    pub kind: Option<MemKind>,
+    pub bytes: u64,
+    /// When it was first reached, ns since the start.
+    pub time_ns: u64,
+}
+
 /// A decoded record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
@@ -289,6 +336,11 @@ pub enum Record {
     PyStack(PyStack),
     Phase(Phase),
     Thread(Thread),
+    AggStart(AggStart),
+    AggSite(AggSite),
+    AggPeak(AggPeak),
+    /// The summary of this `seq` is complete.
+    AggEnd(u64),
     /// A record with a tag this reader does not know (newer writer); skipped.
     Unknown(u8),
 }
