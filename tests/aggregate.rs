@@ -1,0 +1,172 @@
+//! Aggregate mode (`GPUMEMTRACE_AGGREGATE=1`, `gpumemtrace run --aggregate`): the trace holds
+//! per-site totals, peaks and the live set instead of every event. The same program traced both
+//! ways gives the same summary; the aggregate trace stays small however long the loop; reports
+//! that need the events in time order refuse it.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+
+const AGG: (&str, &str) = ("GPUMEMTRACE_AGGREGATE", "1");
+const MIB: u64 = 1 << 20;
+
+/// What a summary says that an aggregate trace must say alike: per group its totals, peak, live
+/// set and sites (without the thread a site was first seen on, which needs the events), per
+/// device its peak and live bytes, the failures.
+fn comparable(json: &Value) -> Value {
+    let t = &json["traces"][0];
+    let sites = |v: &Value| -> Value {
+        let mut v = v.clone();
+        strip(&mut v);
+        v
+    };
+    let groups: Vec<Value> = t["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            serde_json::json!({
+                "device": g["device"], "kind": g["kind"], "allocations": g["allocations"],
+                "allocated_bytes": g["allocated_bytes"], "frees": g["frees"], "failed": g["failed"],
+                "peak_bytes": g["peak_bytes"], "peak_sites": sites(&g["peak_sites"]),
+                "live_bytes": g["live_bytes"], "live_count": g["live_count"], "leak_sites": sites(&g["leak_sites"]),
+            })
+        })
+        .collect();
+    let devices: Vec<Value> = t["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| serde_json::json!({"device": d["device"], "peak_bytes": d["peak_bytes"], "live_bytes": d["live_bytes"]}))
+        .collect();
+    let failures: Vec<Value> = t["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| serde_json::json!({"api": f["api"], "device": f["device"], "size": f["size"], "result": f["result"]}))
+        .collect();
+    serde_json::json!({"groups": groups, "devices": devices, "failures": failures, "events": t["events"]})
+}
+
+/// Leaves out of a site what differs between two runs (return addresses: the program loads at
+/// a random address) and what an aggregate trace cannot tell (the thread a site was first seen
+/// on).
+fn strip(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            m.remove("address");
+            m.remove("thread");
+            m.values_mut().for_each(strip);
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip),
+        _ => {}
+    }
+}
+
+/// `prog args` traced in full and in aggregate mode: both summaries, both traces' sizes.
+fn both_ways(prog: &str, args: &[&str]) -> ((Value, u64), (Value, u64)) {
+    let one = |env: &[(&str, &str)]| {
+        let run = run_traced(prog, args, env);
+        assert!(run.out.status.success(), "{prog}: {}", run.stderr);
+        assert_eq!(run.traces.len(), 1, "{}", run.stderr);
+        let size = std::fs::metadata(&run.traces[0]).unwrap().len();
+        (summary_json(&run.traces[0]), size)
+    };
+    (one(&[]), one(&[AGG]))
+}
+
+fn cli_on(args: &[&str], trace: &Path) -> std::process::Output {
+    Command::new(cli()).args(args).arg(trace).output().unwrap()
+}
+
+#[test]
+fn the_demo_summarized_from_an_aggregate_trace_is_the_full_traces_summary() {
+    let ((full, _), (agg, _)) = both_ways("demo", &[]);
+    let (f, a) = (comparable(&full), comparable(&agg));
+    assert_eq!(a, f);
+    // Not trivially equal: the demo's peak, leaks, pinned memory and failure are all there.
+    let dev = f["groups"].as_array().unwrap().iter().find(|g| g["kind"] == "device").unwrap();
+    assert_eq!(dev["failed"], 1);
+    assert_eq!(dev["leak_sites"][0]["bytes"], 20 * MIB, "five 4 MiB batch caches leak");
+    assert!(dev["peak_bytes"].as_u64().unwrap() >= 64 * MIB + 48 * MIB);
+    assert_eq!(f["failures"][0]["size"], 4096 * MIB);
+    assert!(agg["traces"][0]["notices"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().starts_with("aggregate trace")));
+}
+
+#[test]
+fn four_threads_summarized_from_an_aggregate_trace_match_the_full_trace() {
+    let ((full, _), (agg, _)) = both_ways("prog_threads", &["4", "3000"]);
+    let (f, a) = (comparable(&full), comparable(&agg));
+    assert_eq!(a, f);
+    let g = &f["groups"][0];
+    assert_eq!((g["allocations"].as_u64(), g["frees"].as_u64(), g["live_count"].as_u64()), (Some(12004), Some(12000), Some(4)));
+}
+
+#[test]
+fn an_aggregate_trace_of_a_long_loop_is_a_small_fraction_of_the_full_one() {
+    let ((full, full_size), (agg, agg_size)) = both_ways("prog_threads", &["1", "100000"]);
+    assert_eq!(comparable(&agg), comparable(&full));
+    assert_eq!(agg["traces"][0]["groups"][0]["allocations"], 100_001);
+    eprintln!("100000 pairs: full trace {full_size} bytes, aggregate {agg_size} bytes");
+    assert!(agg_size * 20 < full_size, "aggregate {agg_size} bytes, full {full_size} bytes");
+}
+
+#[test]
+fn reports_that_need_the_time_order_refuse_an_aggregate_trace_with_status_2() {
+    let run = run_traced("demo", &[], &[AGG]);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    let trace = &run.traces[0];
+    for args in [&["timeline", "-o", "/dev/null"][..], &["phases"], &["export", "--format", "perfetto", "-o", "/dev/null"], &["export", "--format", "memviz", "-o", "/dev/null"]] {
+        let out = cli_on(args, trace);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("this trace is aggregate (GPUMEMTRACE_AGGREGATE=1)"), "{args:?}: {err}");
+    }
+    // A filter on phases or time cannot apply either.
+    let out = cli_on(&["summary", "--phase", "train"], trace);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--phase, --module, --from and --to cannot apply"));
+    // What the summaries hold works.
+    for args in [&["flamegraph", "--folded"][..], &["tree"], &["check", "--max-leaked", "1GiB"], &["summary"]] {
+        let out = cli_on(args, trace);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(!out.stdout.is_empty(), "{args:?}");
+    }
+    let out = cli_on(&["check", "--max-leaked", "1MiB"], trace);
+    assert_eq!(out.status.code(), Some(1), "20 MiB leaked is over a 1 MiB budget");
+}
+
+#[test]
+fn run_aggregate_traces_in_aggregate_mode() {
+    let dir = scratch("run-aggregate");
+    let out = Command::new(cli())
+        .args(["run", "--aggregate", "--json", "--output"])
+        .arg(&dir)
+        .arg("--")
+        .arg(emu().join("demo"))
+        .env("GPUMEMTRACE_LIB", shim())
+        .env("EMUCUDA_DEVICES", "2")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run = finish(out, dir, 0);
+    let t = run.trace();
+    assert!(t.events.iter().all(|e| e.result != 0), "only the failure is an event: {:?}", t.events);
+    let dump = Command::new(cli()).arg("dump").arg(&run.traces[0]).output().unwrap();
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    assert!(dump.lines().any(|l| l.contains("\"aggregate_start\"") && l.contains("\"final\":true")), "{dump}");
+}
+
+#[test]
+fn a_fatal_signal_leaves_a_summary_of_what_was_live() {
+    let run = run_traced("prog_lifecycle", &["segv"], &[AGG]);
+    assert_eq!(run.out.status.signal(), Some(libc::SIGSEGV), "{}", run.stderr);
+    let json = summary_json(&run.traces[0]);
+    assert_eq!(json["traces"][0]["groups"][0]["live_bytes"], 17 * MIB);
+    assert_eq!(json["traces"][0]["groups"][0]["allocations"], 2);
+}

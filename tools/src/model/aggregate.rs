@@ -1,0 +1,165 @@
+//! Aggregate traces (`GPUMEMTRACE_AGGREGATE=1`, docs/format.md "Aggregate mode"): instead of
+//! every event, summaries of the run (per-site totals, what each site held live at the end and
+//! at its group's peak, the peaks). The last complete summary is the trace's; its events
+//! (failures, frees of nothing live) are replayed as usual, and the summary then fills in the
+//! groups. What needs the order of events in time (timelines, growth, temporaries, phases,
+//! pools, what was live at a failure) an aggregate trace cannot give.
+
+use std::io::Read;
+
+use gpumemtrace_format::{AggPeak, AggSite, AggStart, Event, Reader, Record};
+
+use super::trace::{DeviceTotal, Trace};
+use crate::read::filter::Filter;
+use crate::read::live::{GroupKey, StackUse};
+
+/// The summaries as the loader reads them: the one being read and the last complete one.
+#[derive(Default)]
+pub struct Summaries {
+    current: Option<Summary>,
+    last: Option<Summary>,
+}
+
+#[derive(Default)]
+struct Summary {
+    start: AggStart,
+    sites: Vec<AggSite>,
+    peaks: Vec<AggPeak>,
+}
+
+/// Whether the trace read from `source` is aggregate: its first summary comes before its first
+/// stack or event (the writer writes it right after the module map).
+pub fn is_aggregate<R: Read>(source: R) -> bool {
+    let Ok(reader) = Reader::new(source) else { return false };
+    for rec in reader {
+        match rec {
+            Ok(Record::AggStart(_)) => return true,
+            Ok(Record::Process(_) | Record::Api(_) | Record::Module(_) | Record::Notice(_) | Record::Thread(_)) => {}
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// What reports that need the order of events in time say about an aggregate trace.
+pub fn refusal(what: &str) -> String {
+    format!(
+        "{what} needs every event in time order, and this trace is aggregate (GPUMEMTRACE_AGGREGATE=1): it holds per-site totals, peaks and the live set at the end; use summary, flamegraph, tree or check, or trace again without aggregate mode"
+    )
+}
+
+/// Filters an aggregate trace cannot apply: it has no phases, times or per-call stacks.
+pub fn check_filter(f: &Filter) -> Result<(), String> {
+    if f.phase.is_some() || f.module.is_some() || f.from_ns.is_some() || f.to_ns.is_some() {
+        return Err("this trace is aggregate (GPUMEMTRACE_AGGREGATE=1): it has no phases and no time order, so --phase, --module, --from and --to cannot apply (--device can)".into());
+    }
+    Ok(())
+}
+
+impl Summaries {
+    /// Takes an aggregate record (others are ignored).
+    pub fn record(&mut self, rec: Record) {
+        match rec {
+            Record::AggStart(start) => self.current = Some(Summary { start, ..Summary::default() }),
+            Record::AggSite(s) => {
+                if let Some(c) = self.current.as_mut().filter(|c| c.start.seq == s.seq) {
+                    c.sites.push(s);
+                }
+            }
+            Record::AggPeak(p) => {
+                if let Some(c) = self.current.as_mut().filter(|c| c.start.seq == p.seq) {
+                    c.peaks.push(p);
+                }
+            }
+            Record::AggEnd(seq) => {
+                if self.current.as_ref().is_some_and(|c| c.start.seq == seq) {
+                    self.last = self.current.take();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Fills `trace`'s groups and devices from the last complete summary, keeping only groups
+    /// of `device` when given.
+    pub fn finish(self, trace: &mut Trace, device: Option<i32>) {
+        let Some(s) = self.last else {
+            trace.notices.push("this aggregate trace holds no complete summary: nothing was allocated as far as it tells".into());
+            return;
+        };
+        trace.aggregate = Some(s.start);
+        trace.notices.push(format!(
+            "aggregate trace: totals by site, peaks and the live set of {} events, as summarized {:.1} s after the start (no time order: no timeline, phases or growth)",
+            s.start.events,
+            s.start.time_ns as f64 / 1e9
+        ));
+        trace.events = trace.events.max(s.start.events);
+        trace.end_ns = trace.end_ns.max(s.start.time_ns);
+        if !s.start.final_ {
+            trace.notices.push(format!(
+                "the last summary of this aggregate trace was written {:.1} s after the start, before the process finished its trace: later calls are not in it",
+                s.start.time_ns as f64 / 1e9
+            ));
+        }
+        // Everything but the failures (events, replayed as usual) comes from the summary.
+        for g in trace.groups.values_mut() {
+            *g = super::trace::Group { failed: g.failed, ..Default::default() };
+        }
+        let wanted = |d: i32| device.is_none_or(|w| w == d);
+        trace.devices.clear();
+        trace.allocated.clear();
+        for site in s.sites.iter().filter(|x| wanted(x.device)) {
+            let key = GroupKey { device: site.device, kind: site.kind };
+            let stack = trace.stack_key(&Event { stack: site.stack, pystack: site.pystack, ..Event::default() });
+            let g = trace.groups.entry(key).or_default();
+            g.allocations += site.allocations;
+            g.allocated_bytes += site.allocated_bytes;
+            g.frees += site.frees;
+            g.live_bytes += site.live_bytes;
+            g.live_count += site.live_count;
+            if site.live_count > 0 {
+                g.leak_stacks.push(StackUse { stack, bytes: site.live_bytes, count: site.live_count });
+            }
+            if site.peak_count > 0 {
+                g.peak_stacks.push(StackUse { stack, bytes: site.peak_bytes, count: site.peak_count });
+            }
+            if site.allocations > 0 {
+                trace.allocated.entry(key).or_default().push(StackUse { stack, bytes: site.allocated_bytes, count: site.allocations });
+            }
+            if site.kind.occupies_gpu() {
+                trace.devices.entry(site.device).or_default().live_bytes += site.live_bytes;
+            }
+        }
+        for p in s.peaks.iter().filter(|p| wanted(p.device)) {
+            match p.kind {
+                Some(kind) => {
+                    let g = trace.groups.entry(GroupKey { device: p.device, kind }).or_default();
+                    (g.peak_bytes, g.peak_time_ns) = (p.bytes, p.time_ns);
+                }
+                None => {
+                    let d = trace.devices.entry(p.device).or_insert_with(DeviceTotal::default);
+                    (d.peak_bytes, d.peak_time_ns) = (p.bytes, p.time_ns);
+                }
+            }
+        }
+        for g in trace.groups.values_mut() {
+            largest_first(&mut g.leak_stacks);
+            largest_first(&mut g.peak_stacks);
+        }
+        trace.allocated.values_mut().for_each(|v| largest_first(v));
+        // What only the order of events gives: none of it is in an aggregate trace.
+        trace.growth.clear();
+        trace.series.clear();
+        trace.by_phase.clear();
+        trace.pools.clear();
+        trace.pools_at_python_exit.clear();
+        trace.direct_leak_stacks.clear();
+        trace.last_failure_live.clear();
+        trace.python_exit_ns = None;
+    }
+}
+
+/// The order of `live::tally`: bytes, then count, descending; then stack id.
+fn largest_first(v: &mut [StackUse]) {
+    v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)).then(a.stack.cmp(&b.stack)));
+}
