@@ -170,3 +170,44 @@ fn a_fatal_signal_leaves_a_summary_of_what_was_live() {
     assert_eq!(json["traces"][0]["groups"][0]["live_bytes"], 17 * MIB);
     assert_eq!(json["traces"][0]["groups"][0]["allocations"], 2);
 }
+
+#[test]
+fn a_process_killed_mid_run_leaves_its_last_periodic_summary() {
+    // The first periodic summary comes 2 s after the start: wait for it in the file, then kill.
+    let dir = scratch("agg-kill");
+    let mut child = Command::new(emu().join("prog_threads"))
+        .args(["1", "100000000"])
+        .current_dir(&dir)
+        .env("LD_PRELOAD", shim())
+        .env("GPUMEMTRACE_OUTPUT", format!("{}/", dir.display()))
+        .env("GPUMEMTRACE_AGGREGATE", "1")
+        .env("GPUMEMTRACE_QUIET", "1")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let trace = || std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|e| e == "trace"));
+    let mut summarized = false;
+    for _ in 0..600 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        if let Some(t) = trace() {
+            let dump = Command::new(cli()).arg("dump").arg(&t).output().unwrap();
+            if String::from_utf8_lossy(&dump.stdout).contains("\"aggregate_end\":{\"seq\":1}") {
+                summarized = true;
+                break;
+            }
+        }
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+    assert!(summarized, "no periodic summary within 30 s");
+    let json = summary_json(&trace().unwrap());
+    let t = &json["traces"][0];
+    let g = &t["groups"][0];
+    let (allocs, frees) = (g["allocations"].as_u64().unwrap(), g["frees"].as_u64().unwrap());
+    assert!(allocs > 0, "{json}");
+    // One pair in flight at most: its allocation may be summarized before its free.
+    assert!(allocs == frees || allocs == frees + 1, "{allocs} allocations, {frees} frees");
+    assert_eq!(g["live_count"].as_u64().unwrap(), allocs - frees);
+    assert!(t["notices"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("before the process finished its trace")), "{json}");
+}

@@ -163,3 +163,64 @@ impl Summaries {
 fn largest_first(v: &mut [StackUse]) {
     v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)).then(a.stack.cmp(&b.stack)));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpumemtrace_format::MemKind;
+
+    fn site(seq: u64, allocations: u64) -> Record {
+        Record::AggSite(AggSite {
+            seq,
+            device: 0,
+            kind: MemKind::Device,
+            stack: 1,
+            pystack: 0,
+            allocations,
+            allocated_bytes: allocations * 10,
+            frees: allocations - 1,
+            live_bytes: 10,
+            live_count: 1,
+            peak_bytes: 20,
+            peak_count: 2,
+        })
+    }
+
+    fn start(seq: u64, final_: bool) -> Record {
+        Record::AggStart(AggStart { seq, time_ns: seq * 1_000_000_000, events: seq * 100, final_ })
+    }
+
+    #[test]
+    fn the_last_complete_summary_is_the_traces() {
+        let mut s = Summaries::default();
+        for r in [start(0, false), Record::AggEnd(0), start(1, false), site(1, 5)] {
+            s.record(r);
+        }
+        s.record(Record::AggPeak(AggPeak { seq: 1, device: 0, kind: Some(MemKind::Device), bytes: 20, time_ns: 7 }));
+        s.record(Record::AggEnd(1));
+        // A summary cut short (the process died while writing it) does not count.
+        for r in [start(2, false), site(2, 9)] {
+            s.record(r);
+        }
+        let mut t = Trace::default();
+        s.finish(&mut t, None);
+        let g = &t.groups[&GroupKey { device: 0, kind: MemKind::Device }];
+        assert_eq!((g.allocations, g.allocated_bytes, g.frees, g.live_bytes, g.live_count), (5, 50, 4, 10, 1));
+        assert_eq!((g.peak_bytes, g.peak_time_ns), (20, 7));
+        assert_eq!(g.peak_stacks, [StackUse { stack: 1, bytes: 20, count: 2 }]);
+        assert_eq!(g.leak_stacks, [StackUse { stack: 1, bytes: 10, count: 1 }]);
+        assert_eq!(t.events, 100);
+        assert!(t.notices.iter().any(|n| n.contains("before the process finished its trace")), "{:?}", t.notices);
+    }
+
+    #[test]
+    fn a_device_filter_keeps_that_devices_groups() {
+        let mut s = Summaries::default();
+        for r in [start(0, true), site(0, 3), Record::AggEnd(0)] {
+            s.record(r);
+        }
+        let mut t = Trace::default();
+        s.finish(&mut t, Some(1));
+        assert!(t.groups.is_empty());
+    }
+}
