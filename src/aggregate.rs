@@ -16,6 +16,7 @@ type Group = (i32, MemKind);
 
 #[derive(Default)]
 struct Site {
+    tid: u32,
     allocations: u64,
     allocated_bytes: u64,
     frees: u64,
@@ -23,6 +24,9 @@ struct Site {
     /// The group's mark this site saw last, and its live (bytes, count) then.
     seen: u64,
     at_peak: (u64, u64),
+    /// The same for the Python program's end.
+    seen_exit: u64,
+    at_exit: (u64, u64),
 }
 
 #[derive(Default)]
@@ -42,6 +46,7 @@ struct LiveAlloc {
 /// One successful call, as the writer has it (stacks already interned).
 pub struct Call {
     pub api: u32,
+    pub tid: u32,
     pub time_ns: u64,
     pub device: i32,
     pub addr: u64,
@@ -74,12 +79,25 @@ pub struct Aggregate {
     devices: FxHashMap<i32, Peak>,
     /// The next summary's number (0 is the empty one written at the start).
     seq: u64,
+    /// The Python program's end, found as the reader finds it in a full trace (`model/load.rs`):
+    /// the first event of the main thread (`pid`) without Python code after one with it; a
+    /// later one with Python code cancels it. `exit_mark` counts the candidates.
+    pid: u32,
+    python_seen: bool,
+    python_exit_ns: Option<u64>,
+    exit_mark: u64,
+    seen_events: u64,
 }
 
 impl Aggregate {
     /// `apis`: (id, kind, operation) of each hooked function that records events.
-    pub fn new(apis: impl Iterator<Item = (u32, MemKind, Op)>) -> Aggregate {
+    pub fn new(pid: u32, apis: impl Iterator<Item = (u32, MemKind, Op)>) -> Aggregate {
         Aggregate {
+            pid,
+            python_seen: false,
+            python_exit_ns: None,
+            exit_mark: 0,
+            seen_events: 0,
             apis: apis.map(|(id, k, o)| (id, (k, o))).collect(),
             next_summary: Instant::now() + FIRST_INTERVAL,
             interval: FIRST_INTERVAL,
@@ -104,6 +122,25 @@ impl Aggregate {
         true
     }
 
+    /// Whether Api `id` allocates.
+    pub fn is_alloc(&self, id: u32) -> bool {
+        self.apis.get(&id).is_some_and(|&(_, op)| op == Op::Alloc)
+    }
+
+    /// Every event, before it is absorbed or written: `python` when its thread ran Python code.
+    pub fn seen(&mut self, tid: u32, python: bool, time_ns: u64) {
+        if tid == self.pid {
+            if python {
+                self.python_seen = true;
+                self.python_exit_ns = None;
+            } else if self.python_seen && self.python_exit_ns.is_none() && self.seen_events > 0 {
+                self.python_exit_ns = Some(time_ns);
+                self.exit_mark += 1;
+            }
+        }
+        self.seen_events += 1;
+    }
+
     /// Takes a successful call into the summary; false when it has to be written as an event
     /// (a free of nothing live: the reader reports it as a bad free; an unknown function).
     pub fn absorb(&mut self, c: &Call) -> bool {
@@ -125,11 +162,11 @@ impl Aggregate {
                 let next = self.sites.len();
                 let site = *self.site_ids.entry((group, c.stack, c.pystack)).or_insert(next);
                 if site == next {
-                    self.sites.push(((group, c.stack, c.pystack), Site::default()));
+                    self.sites.push(((group, c.stack, c.pystack), Site { tid: c.tid, ..Site::default() }));
                 }
                 let g = self.groups.entry(group).or_default();
                 let s = &mut self.sites[site].1;
-                change(s, g.mark, c.size, true);
+                change(s, (g.mark, self.exit_mark), c.size, true);
                 s.allocations += 1;
                 s.allocated_bytes += c.size;
                 rise(g, c.size, c.time_ns);
@@ -145,7 +182,7 @@ impl Aggregate {
                 let Some(old) = self.live.remove(&(ns, c.addr)) else { return false };
                 let (key, s) = &mut self.sites[old.site];
                 let g = self.groups.entry(key.0).or_default();
-                change(s, g.mark, old.size, false);
+                change(s, (g.mark, self.exit_mark), old.size, false);
                 s.frees += 1;
                 g.live -= old.size;
                 if key.0 .1.occupies_gpu() {
@@ -164,10 +201,16 @@ impl Aggregate {
         let seq = self.seq;
         self.seq += 1;
         let mut out = Vec::with_capacity(self.sites.len() + self.groups.len() + self.devices.len() + 2);
-        out.push(Record::AggStart(AggStart { seq, time_ns, events, final_ }));
+        let python_exit_ns = self.python_exit_ns;
+        out.push(Record::AggStart(AggStart { seq, time_ns, events, final_, python_exit_ns }));
         for ((group, stack, pystack), s) in &self.sites {
             let mark = self.groups.get(group).map_or(0, |g| g.mark);
             let at_peak = if s.seen == mark { s.at_peak } else { s.live };
+            let at_exit = match python_exit_ns {
+                None => (0, 0),
+                Some(_) if s.seen_exit == self.exit_mark => s.at_exit,
+                Some(_) => s.live,
+            };
             out.push(Record::AggSite(AggSite {
                 seq,
                 device: group.0,
@@ -181,6 +224,9 @@ impl Aggregate {
                 live_count: s.live.1,
                 peak_bytes: at_peak.0,
                 peak_count: at_peak.1,
+                exit_bytes: at_exit.0,
+                exit_count: at_exit.1,
+                tid: s.tid,
             }));
         }
         let mut peaks: Vec<AggPeak> = self
@@ -203,11 +249,16 @@ impl Aggregate {
 }
 
 /// A site's tally rises or falls by one allocation of `bytes`; first saved as it was at its
-/// group's latest peak if this is its first change since.
-fn change(s: &mut Site, mark: u64, bytes: u64, alloc: bool) {
+/// group's latest peak, and at the Python program's latest end, if this is its first change
+/// since.
+fn change(s: &mut Site, (mark, exit_mark): (u64, u64), bytes: u64, alloc: bool) {
     if s.seen < mark {
         s.seen = mark;
         s.at_peak = s.live;
+    }
+    if s.seen_exit < exit_mark {
+        s.seen_exit = exit_mark;
+        s.at_exit = s.live;
     }
     if alloc {
         s.live = (s.live.0 + bytes, s.live.1 + 1);
@@ -231,11 +282,11 @@ mod tests {
     use super::*;
 
     fn call(op: Op, addr: u64, size: u64, stack: u32, t: u64) -> Call {
-        Call { api: op as u32, time_ns: t, device: 0, addr, size, extra: 0, stack, pystack: 0 }
+        Call { api: op as u32, tid: 1, time_ns: t, device: 0, addr, size, extra: 0, stack, pystack: 0 }
     }
 
     fn aggregate() -> Aggregate {
-        Aggregate::new([(1, MemKind::Device, Op::Alloc), (2, MemKind::Device, Op::Free)].into_iter())
+        Aggregate::new(7, [(1, MemKind::Device, Op::Alloc), (2, MemKind::Device, Op::Free)].into_iter())
     }
 
     fn sites(recs: &[Record]) -> Vec<(u32, u64, u64, u64, u64, u64)> {
@@ -256,7 +307,7 @@ mod tests {
         assert!(a.absorb(&call(Op::Alloc, 0x3000, 30, 3, 40))); // 130: below the peak
         assert!(!a.absorb(&call(Op::Free, 0x9000, 0, 0, 50)), "a free of nothing live is written as it is");
         let recs = a.summary(60, 5, true);
-        assert_eq!(recs.first(), Some(&Record::AggStart(AggStart { seq: 0, time_ns: 60, events: 5, final_: true })));
+        assert_eq!(recs.first(), Some(&Record::AggStart(AggStart { seq: 0, time_ns: 60, events: 5, final_: true, python_exit_ns: None })));
         assert_eq!(recs.last(), Some(&Record::AggEnd(0)));
         assert_eq!(sites(&recs), [(1, 1, 0, 100, 100, 1), (2, 1, 1, 0, 50, 1), (3, 1, 0, 30, 0, 0)]);
         let peaks: Vec<_> = recs.iter().filter_map(|r| if let Record::AggPeak(p) = r { Some((p.kind, p.bytes, p.time_ns)) } else { None }).collect();
@@ -275,5 +326,25 @@ mod tests {
         a.absorb(&call(Op::Free, 0x1000, 0, 0, 30));
         assert_eq!(sites(&a.summary(40, 3, false)), [(1, 2, 1, 100, 200, 2)]);
         assert_eq!(a.live_count(), 1);
+    }
+
+    #[test]
+    fn the_python_programs_end_keeps_what_was_live_then() {
+        let mut a = aggregate();
+        let mut at = |a: &mut Aggregate, tid: u32, python: bool, c: Call| {
+            a.seen(tid, python, c.time_ns);
+            assert!(a.absorb(&c));
+        };
+        at(&mut a, 7, true, call(Op::Alloc, 0x1000, 100, 1, 10));
+        at(&mut a, 8, false, call(Op::Alloc, 0x2000, 50, 2, 20)); // another thread: no end
+        at(&mut a, 7, false, call(Op::Free, 0x1000, 0, 0, 30)); // the end: before this free
+        at(&mut a, 7, false, call(Op::Free, 0x2000, 0, 0, 40));
+        let recs = a.summary(50, 4, true);
+        assert!(matches!(recs[0], Record::AggStart(AggStart { python_exit_ns: Some(30), .. })), "{:?}", recs[0]);
+        let exit: Vec<_> = recs.iter().filter_map(|r| if let Record::AggSite(s) = r { Some((s.stack, s.live_bytes, s.exit_bytes, s.exit_count)) } else { None }).collect();
+        assert_eq!(exit, [(1, 0, 100, 1), (2, 0, 50, 1)]);
+        // Python code on the main thread again: that was not the end.
+        a.seen(7, true, 60);
+        assert!(matches!(a.summary(70, 5, true)[0], Record::AggStart(AggStart { python_exit_ns: None, .. })));
     }
 }

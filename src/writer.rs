@@ -13,6 +13,7 @@ use gpumemtrace_format::{self as fmt, Encoder, Record};
 use rustc_hash::FxHashSet;
 
 use crate::aggregate::{Aggregate, Call};
+use crate::backward::Backward;
 use crate::config::Config;
 use crate::modules::{loaded_objects, Object};
 use crate::table::{ALL, HOOKS};
@@ -97,6 +98,7 @@ pub struct Writer {
     gap_since: Option<Instant>,
     /// Aggregate mode (`Config::aggregate`): successful calls go into summaries, not records.
     agg: Option<Aggregate>,
+    backward: Backward,
 }
 
 /// A message read from a ring and not written yet: its number and where it lies in the ring.
@@ -159,6 +161,7 @@ impl Writer {
             journal,
             read_pos: [0; RINGS],
             agg: None,
+            backward: Backward::default(),
         };
         w.put(&Record::Process(process_info(start_ns, config)));
         for (&id, hook) in ALL.iter().zip(HOOKS) {
@@ -169,7 +172,7 @@ impl Writer {
         w.rescan_modules();
         if config.aggregate {
             let apis = ALL.iter().zip(HOOKS).filter_map(|(&id, h)| h.event.map(|(k, o)| (id as u32, k, o)));
-            w.agg = Some(Aggregate::new(apis));
+            w.agg = Some(Aggregate::new(std::process::id(), apis));
             // The empty summary: tells a reader from the start that this trace is aggregate.
             w.summary(false);
         }
@@ -338,9 +341,13 @@ impl Writer {
         };
         let stack = self.intern(ev.frames);
         let time_ns = ev.time_ns.saturating_sub(self.start_ns);
-        if let Some(agg) = self.agg.as_mut().filter(|_| ev.result == 0) {
-            let c = Call { api: ev.api, time_ns, device: ev.device, addr: ev.addr, size: ev.size, extra: ev.extra, stack, pystack };
-            if agg.absorb(&c) {
+        if let Some(agg) = self.agg.as_mut() {
+            let python = ev.flags & fmt::event_flags::PYTHON != 0;
+            agg.seen(ev.tid, pystack != 0 || python, time_ns);
+            // Successful calls go into the summary, with the Python stack a reader would give them.
+            let attributed = self.backward.attribute(ev.tid, pystack, python, agg.is_alloc(ev.api));
+            let c = Call { api: ev.api, tid: ev.tid, time_ns, device: ev.device, addr: ev.addr, size: ev.size, extra: ev.extra, stack, pystack: attributed };
+            if ev.result == 0 && agg.absorb(&c) {
                 self.events += 1;
                 return Ok(());
             }
@@ -430,6 +437,9 @@ impl Writer {
             let id = self.py_codes.len() as u32 + 1;
             self.py_codes.insert((c.code, c.sig), id);
             self.remember(dict::PY_CODE, id, c.code, c.sig);
+            if self.agg.is_some() {
+                self.backward.code(id, &c.name, &c.filename);
+            }
             self.put(&Record::PyCode(c.into_record(id)));
         }
     }
@@ -454,6 +464,9 @@ impl Writer {
             return id;
         }
         let id = self.py_stacks.len() as u32 + 1;
+        if self.agg.is_some() {
+            self.backward.stack(id, frames.iter().map(|f| f.code));
+        }
         self.put(&Record::PyStack(fmt::PyStack { id, frames: frames.clone() }));
         self.py_stacks.insert(frames, id);
         id

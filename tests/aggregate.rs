@@ -16,8 +16,7 @@ const AGG: (&str, &str) = ("GPUMEMTRACE_AGGREGATE", "1");
 const MIB: u64 = 1 << 20;
 
 /// What a summary says that an aggregate trace must say alike: per group its totals, peak, live
-/// set and sites (without the thread a site was first seen on, which needs the events), per
-/// device its peak and live bytes, the failures.
+/// set and sites, per device its peak and live bytes, the failures.
 fn comparable(json: &Value) -> Value {
     let t = &json["traces"][0];
     let sites = |v: &Value| -> Value {
@@ -35,6 +34,7 @@ fn comparable(json: &Value) -> Value {
                 "allocated_bytes": g["allocated_bytes"], "frees": g["frees"], "failed": g["failed"],
                 "peak_bytes": g["peak_bytes"], "peak_sites": sites(&g["peak_sites"]),
                 "live_bytes": g["live_bytes"], "live_count": g["live_count"], "leak_sites": sites(&g["leak_sites"]),
+                "live_at_python_exit_bytes": g["live_at_python_exit_bytes"],
             })
         })
         .collect();
@@ -53,14 +53,12 @@ fn comparable(json: &Value) -> Value {
     serde_json::json!({"groups": groups, "devices": devices, "failures": failures, "events": t["events"]})
 }
 
-/// Leaves out of a site what differs between two runs (return addresses: the program loads at
-/// a random address) and what an aggregate trace cannot tell (the thread a site was first seen
-/// on).
+/// Leaves out of a site what differs between two runs: return addresses (the program loads at
+/// a random address).
 fn strip(v: &mut Value) {
     match v {
         Value::Object(m) => {
             m.remove("address");
-            m.remove("thread");
             m.values_mut().for_each(strip);
         }
         Value::Array(a) => a.iter_mut().for_each(strip),
@@ -210,4 +208,44 @@ fn a_process_killed_mid_run_leaves_its_last_periodic_summary() {
     assert!(allocs == frees || allocs == frees + 1, "{allocs} allocations, {frees} frees");
     assert_eq!(g["live_count"].as_u64().unwrap(), allocs - frees);
     assert!(t["notices"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("before the process finished its trace")), "{json}");
+}
+
+/// `tests/python/torch_train.py 3` on the emulated PyTorch, as `common::run_torch_python` runs
+/// it, with GPUMEMTRACE_AGGREGATE set for it alone (not in this process: tests run in parallel).
+fn torch_python(name: &str, aggregate: &str) -> Run {
+    let dir = scratch(name);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/torch_train.py");
+    let child = Command::new("python3")
+        .arg(script)
+        .arg("3")
+        .current_dir(&dir)
+        .env("LD_PRELOAD", shim())
+        .env("GPUMEMTRACE_OUTPUT", format!("{}/", dir.display()))
+        .env("GPUMEMTRACE_AGGREGATE", aggregate)
+        .env("EMUCUDA_DEVICES", "1")
+        .env("EMU_TORCH_LIB", emu().join("libtorch_cuda.so"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let pid = child.id();
+    finish(child.wait_with_output().unwrap(), dir, pid)
+}
+
+#[test]
+fn a_pytorch_program_summarized_from_an_aggregate_trace_matches_the_full_trace() {
+    // Blocks with Python stacks, backward threads borrowing the waiting Python stack, and the
+    // Python program's end (its leaks are what was live then, before the interpreter's shutdown).
+    let full = torch_python("agg-torch-full", "0");
+    let agg = torch_python("agg-torch-agg", "1");
+    assert!(full.out.status.success() && agg.out.status.success(), "{}\n{}", full.stderr, agg.stderr);
+    let (full, agg) = (summary_json(&full.traces[0]), summary_json(&agg.traces[0]));
+    let (f, a) = (comparable(&full), comparable(&agg));
+    assert_eq!(a, f);
+    let blocks = f["groups"].as_array().unwrap().iter().find(|g| g["kind"] == "block").unwrap();
+    assert!(!blocks["leak_sites"].as_array().unwrap().is_empty(), "the program's leaks at its end: {blocks}");
+    let borrowed = |j: &Value| j.to_string().contains("\"during_backward\":true");
+    assert!(borrowed(&full) && borrowed(&agg), "a site allocated by a backward thread is named by the backward() line");
+    let g = agg["traces"][0]["groups"].as_array().unwrap().iter().find(|g| g["kind"] == "block").unwrap().clone();
+    assert_eq!(g["live_at_python_exit_bytes"], blocks["live_at_python_exit_bytes"]);
 }

@@ -408,7 +408,13 @@ fn decode(t: u8, b: &[u8], version: u16, prev: &mut Prev) -> Result<Record, Stri
         tag::THREAD => Record::Thread(Thread { tid: p.u32("thread id")?, name: p.string()?, python: p.byte()? != 0 }),
         tag::NOTICE => Record::Notice(p.string()?),
         tag::STATS => Record::Stats(Stats { events: p.uv()?, dropped: p.uv()?, final_: p.byte()? != 0 }),
-        tag::AGG_START => Record::AggStart(AggStart { seq: p.uv()?, time_ns: p.uv()?, events: p.uv()?, final_: p.byte()? != 0 }),
+        tag::AGG_START => Record::AggStart(AggStart {
+            seq: p.uv()?,
+            time_ns: p.uv()?,
+            events: p.uv()?,
+            final_: p.byte()? != 0,
+            python_exit_ns: p.uv()?.checked_sub(1),
+        }),
         tag::AGG_SITE => {
             let seq = p.uv()?;
             let device = p.sv()?;
@@ -428,6 +434,9 @@ fn decode(t: u8, b: &[u8], version: u16, prev: &mut Prev) -> Result<Record, Stri
                 live_count: p.uv()?,
                 peak_bytes: p.uv()?,
                 peak_count: p.uv()?,
+                exit_bytes: p.uv()?,
+                exit_count: p.uv()?,
+                tid: p.u32("thread id")?,
             })
         }
         tag::AGG_PEAK => {

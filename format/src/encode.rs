@@ -144,6 +144,7 @@ impl Encoder {
                 put_uv(p, a.time_ns);
                 put_uv(p, a.events);
                 p.push(a.final_ as u8);
+                put_uv(p, a.python_exit_ns.map_or(0, |t| t + 1));
                 tag::AGG_START
             }
             Record::AggSite(a) => {
@@ -153,7 +154,7 @@ impl Encoder {
                 for v in [a.stack as u64, a.pystack as u64, a.allocations, a.allocated_bytes, a.frees] {
                     put_uv(p, v);
                 }
-                for v in [a.live_bytes, a.live_count, a.peak_bytes, a.peak_count] {
+                for v in [a.live_bytes, a.live_count, a.peak_bytes, a.peak_count, a.exit_bytes, a.exit_count, a.tid as u64] {
                     put_uv(p, v);
                 }
                 tag::AGG_SITE

@@ -106,7 +106,7 @@ mod tests {
             Record::Phase(Phase { time_ns: 960, tid: 7, op: PhaseOp::Push, name: "forward".into() }),
             Record::Thread(Thread { tid: 7, name: "pt_autograd_0".into(), python: false }),
             Record::Stats(Stats { events: 2, dropped: 0, final_: true }),
-            Record::AggStart(AggStart { seq: 3, time_ns: 5_000_000_000, events: 1 << 33, final_: true }),
+            Record::AggStart(AggStart { seq: 3, time_ns: 5_000_000_000, events: 1 << 33, final_: true, python_exit_ns: Some(0) }),
             Record::AggSite(AggSite {
                 seq: 3,
                 device: -1,
@@ -120,6 +120,9 @@ mod tests {
                 live_count: 1,
                 peak_bytes: 2 << 20,
                 peak_count: 2,
+                exit_bytes: 3 << 20,
+                exit_count: 3,
+                tid: 4242,
             }),
             Record::AggPeak(AggPeak { seq: 3, device: 0, kind: Some(MemKind::Block), bytes: 1 << 30, time_ns: 77 }),
             Record::AggPeak(AggPeak { seq: 3, device: 0, kind: None, bytes: 3 << 30, time_ns: 78 }),

@@ -287,6 +287,9 @@ pub struct AggStart {
     pub events: u64,
     /// True for the summary written when the process finished its trace.
     pub final_: bool,
+    /// When the Python program ended (as the reader finds it in a full trace: the first event
+    /// of the main thread without Python code after its last one with it), if it has.
+    pub python_exit_ns: Option<u64>,
 }
 
 /// One allocation site of one group (device, memory kind) over the run so far.
@@ -308,6 +311,11 @@ pub struct AggSite {
     /// Its allocations live at its group's peak: bytes, count.
     pub peak_bytes: u64,
     pub peak_count: u64,
+    /// Its allocations live when the Python program ended (0 when it has not).
+    pub exit_bytes: u64,
+    pub exit_count: u64,
+    /// The thread of its first allocation.
+    pub tid: u32,
 }
 
 /// The peak of one group, or (`kind` None) of a device's GPU memory (the kinds that occupy it).

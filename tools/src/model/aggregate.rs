@@ -106,19 +106,28 @@ impl Summaries {
             *g = super::trace::Group { failed: g.failed, ..Default::default() };
         }
         let wanted = |d: i32| device.is_none_or(|w| w == d);
+        // When the Python program ended, its leaks are what was live then (the interpreter's
+        // shutdown frees the rest), as in a full trace.
+        let exit = s.start.python_exit_ns.is_some();
+        let mut at_exit: Vec<(GroupKey, StackUse)> = Vec::new();
         trace.devices.clear();
         trace.allocated.clear();
         for site in s.sites.iter().filter(|x| wanted(x.device)) {
             let key = GroupKey { device: site.device, kind: site.kind };
             let stack = trace.stack_key(&Event { stack: site.stack, pystack: site.pystack, ..Event::default() });
+            // Sites come in the order of their first allocation.
+            trace.stack_tid.entry(stack).or_insert(site.tid);
             let g = trace.groups.entry(key).or_default();
             g.allocations += site.allocations;
             g.allocated_bytes += site.allocated_bytes;
             g.frees += site.frees;
             g.live_bytes += site.live_bytes;
             g.live_count += site.live_count;
-            if site.live_count > 0 {
+            if site.live_count > 0 && !exit {
                 g.leak_stacks.push(StackUse { stack, bytes: site.live_bytes, count: site.live_count });
+            }
+            if exit {
+                at_exit.push((key, StackUse { stack, bytes: site.exit_bytes, count: site.exit_count }));
             }
             if site.peak_count > 0 {
                 g.peak_stacks.push(StackUse { stack, bytes: site.peak_bytes, count: site.peak_count });
@@ -142,6 +151,15 @@ impl Summaries {
                 }
             }
         }
+        if exit {
+            trace.groups.values_mut().for_each(|g| g.live_at_python_exit = Some((0, 0)));
+            for (key, u) in at_exit.into_iter().filter(|(_, u)| u.count > 0) {
+                let g = trace.groups.entry(key).or_default();
+                let (bytes, count) = g.live_at_python_exit.unwrap_or_default();
+                g.live_at_python_exit = Some((bytes + u.bytes, count + u.count));
+                g.leak_stacks.push(u);
+            }
+        }
         for g in trace.groups.values_mut() {
             largest_first(&mut g.leak_stacks);
             largest_first(&mut g.peak_stacks);
@@ -155,7 +173,7 @@ impl Summaries {
         trace.pools_at_python_exit.clear();
         trace.direct_leak_stacks.clear();
         trace.last_failure_live.clear();
-        trace.python_exit_ns = None;
+        trace.python_exit_ns = s.start.python_exit_ns;
     }
 }
 
@@ -183,11 +201,14 @@ mod tests {
             live_count: 1,
             peak_bytes: 20,
             peak_count: 2,
+            exit_bytes: 30,
+            exit_count: 3,
+            tid: 1,
         })
     }
 
     fn start(seq: u64, final_: bool) -> Record {
-        Record::AggStart(AggStart { seq, time_ns: seq * 1_000_000_000, events: seq * 100, final_ })
+        Record::AggStart(AggStart { seq, time_ns: seq * 1_000_000_000, events: seq * 100, final_, python_exit_ns: None })
     }
 
     #[test]
@@ -222,5 +243,21 @@ mod tests {
         let mut t = Trace::default();
         s.finish(&mut t, Some(1));
         assert!(t.groups.is_empty());
+    }
+
+    #[test]
+    fn after_a_python_programs_end_its_leaks_are_what_was_live_then() {
+        let mut s = Summaries::default();
+        let start = Record::AggStart(AggStart { seq: 0, time_ns: 9, events: 3, final_: true, python_exit_ns: Some(5) });
+        for r in [start, site(0, 3), Record::AggEnd(0)] {
+            s.record(r);
+        }
+        let mut t = Trace::default();
+        s.finish(&mut t, None);
+        let g = &t.groups[&GroupKey { device: 0, kind: MemKind::Device }];
+        assert_eq!(g.live_at_python_exit, Some((30, 3)));
+        assert_eq!(g.leak_stacks, [StackUse { stack: 1, bytes: 30, count: 3 }]);
+        assert_eq!((g.live_bytes, g.live_count), (10, 1), "live at the end stays what it was");
+        assert_eq!(t.python_exit_ns, Some(5));
     }
 }
