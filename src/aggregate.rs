@@ -7,9 +7,11 @@
 //! does: a peak bumps its group's mark; a site's first change after a newer mark first saves its
 //! tally (its value at the mark). Depends on nothing in the crate.
 
-use gpumemtrace_format::{AggPeak, AggSite, AggStart, MemKind, Op, Record};
+use gpumemtrace_format::{AggPeak, AggSite, AggStart, MemKind, Op, PhaseOp, Record};
 use rustc_hash::FxHashMap;
 use std::time::{Duration, Instant};
+
+use crate::phase_totals::PhaseTotals;
 
 /// Device and memory kind, as the reader groups its statistics.
 type Group = (i32, MemKind);
@@ -87,6 +89,7 @@ pub struct Aggregate {
     python_exit_ns: Option<u64>,
     exit_mark: u64,
     seen_events: u64,
+    phases: PhaseTotals,
 }
 
 impl Aggregate {
@@ -98,6 +101,7 @@ impl Aggregate {
             python_exit_ns: None,
             exit_mark: 0,
             seen_events: 0,
+            phases: PhaseTotals::default(),
             apis: apis.map(|(id, k, o)| (id, (k, o))).collect(),
             next_summary: Instant::now() + FIRST_INTERVAL,
             interval: FIRST_INTERVAL,
@@ -120,6 +124,18 @@ impl Aggregate {
         self.interval = (self.interval * 2).min(MAX_INTERVAL);
         self.next_summary = now + self.interval;
         true
+    }
+
+    /// A phase boundary (docs/format.md "Phases").
+    pub fn phase(&mut self, tid: u32, op: PhaseOp, name: &str) {
+        self.phases.phase(tid, op, name);
+    }
+
+    /// A failed call (written as an event): counted in its phase when it allocates.
+    pub fn failed(&mut self, api: u32, tid: u32, device: i32) {
+        if let Some(&(kind, Op::Alloc)) = self.apis.get(&api) {
+            self.phases.failed(tid, (device, kind));
+        }
     }
 
     /// Whether Api `id` allocates.
@@ -170,6 +186,7 @@ impl Aggregate {
                 s.allocations += 1;
                 s.allocated_bytes += c.size;
                 rise(g, c.size, c.time_ns);
+                self.phases.alloc(c.tid, group, c.size, g.live);
                 if kind.occupies_gpu() {
                     rise(self.devices.entry(c.device).or_default(), c.size, c.time_ns);
                 }
@@ -237,6 +254,7 @@ impl Aggregate {
             .collect();
         peaks.sort_by_key(|p| (p.device, p.kind));
         out.extend(peaks.into_iter().map(Record::AggPeak));
+        out.extend(self.phases.records(seq));
         out.push(Record::AggEnd(seq));
         out
     }

@@ -313,8 +313,11 @@ impl Writer {
     }
 
     fn phase(&mut self, p: RawPhase) {
-        if self.agg.is_some() {
-            return; // one record per push and pop grows with the run: aggregate traces have none
+        if let Some(agg) = self.agg.as_mut() {
+            // One record per push and pop grows with the run: aggregate traces have totals by
+            // phase instead.
+            agg.phase(p.tid, p.op, &p.name);
+            return;
         }
         let time_ns = p.time_ns.saturating_sub(self.start_ns);
         self.put(&Record::Phase(fmt::Phase { time_ns, tid: p.tid, op: p.op, name: p.name }));
@@ -350,6 +353,9 @@ impl Writer {
             if ev.result == 0 && agg.absorb(&c) {
                 self.events += 1;
                 return Ok(());
+            }
+            if ev.result != 0 {
+                agg.failed(ev.api, ev.tid, ev.device);
             }
         }
         self.put(&Record::Event(fmt::Event {

@@ -119,7 +119,7 @@ fn reports_that_need_the_time_order_refuse_an_aggregate_trace_with_status_2() {
     let run = run_traced("demo", &[], &[AGG]);
     assert!(run.out.status.success(), "{}", run.stderr);
     let trace = &run.traces[0];
-    for args in [&["timeline", "-o", "/dev/null"][..], &["phases"], &["export", "--format", "perfetto", "-o", "/dev/null"], &["export", "--format", "memviz", "-o", "/dev/null"]] {
+    for args in [&["timeline", "-o", "/dev/null"][..], &["export", "--format", "perfetto", "-o", "/dev/null"], &["export", "--format", "memviz", "-o", "/dev/null"]] {
         let out = cli_on(args, trace);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
@@ -130,7 +130,7 @@ fn reports_that_need_the_time_order_refuse_an_aggregate_trace_with_status_2() {
     assert_ne!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--phase, --module, --from and --to cannot apply"));
     // What the summaries hold works.
-    for args in [&["flamegraph", "--folded"][..], &["tree"], &["check", "--max-leaked", "1GiB"], &["summary"]] {
+    for args in [&["flamegraph", "--folded"][..], &["tree"], &["check", "--max-leaked", "1GiB"], &["summary"], &["phases"]] {
         let out = cli_on(args, trace);
         assert_eq!(out.status.code(), Some(0), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
         assert!(!out.stdout.is_empty(), "{args:?}");
@@ -248,4 +248,46 @@ fn a_pytorch_program_summarized_from_an_aggregate_trace_matches_the_full_trace()
     assert!(borrowed(&full) && borrowed(&agg), "a site allocated by a backward thread is named by the backward() line");
     let g = agg["traces"][0]["groups"].as_array().unwrap().iter().find(|g| g["kind"] == "block").unwrap().clone();
     assert_eq!(g["live_at_python_exit_bytes"], blocks["live_at_python_exit_bytes"]);
+}
+
+/// `phases --json` rows: phase, device, kind, allocations, bytes, failed, and the peak when given.
+fn phase_rows(trace: &Path) -> Vec<(String, u64, u64, u64, Option<u64>)> {
+    let out = cli_on(&["phases", "--json"], trace);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut rows: Vec<_> = v["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let n = |k: &str| r[k].as_u64().unwrap();
+            (r["phase"].as_str().unwrap().to_owned(), n("allocations"), n("allocated_bytes"), n("failed"), r["peak_bytes"].as_u64())
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+#[test]
+fn an_aggregate_trace_has_the_allocations_of_each_phase_and_its_peak() {
+    let shim = shim();
+    let nvtx = ("NVTX_INJECTION64_PATH", shim.to_str().unwrap());
+    let full = run_traced("prog_phases", &[], &[nvtx]);
+    let agg = run_traced("prog_phases", &[], &[nvtx, AGG]);
+    assert!(full.out.status.success() && agg.out.status.success(), "{}\n{}", full.stderr, agg.stderr);
+    let (f, a) = (phase_rows(&full.traces[0]), phase_rows(&agg.traces[0]));
+    let without_peaks: Vec<_> = a.iter().map(|r| (r.0.clone(), r.1, r.2, r.3, None)).collect();
+    assert_eq!(without_peaks, f, "the same allocations per phase as the full trace");
+    // Weights of 64 MiB in "setup"; per epoch, 3 x 16 MiB activations in "forward", 8 MiB in
+    // "attention" on top, a 32 MiB gradient in "backward" once they are freed, 4 MiB of
+    // optimizer state that stays: the second epoch peaks 4 MiB higher than the first.
+    let peak = |name: &str| a.iter().find(|r| r.0 == name).unwrap_or_else(|| panic!("{name}: {a:?}")).4;
+    assert_eq!(peak("setup"), Some(64 * MIB));
+    assert_eq!(peak("forward"), Some((64 + 4 + 48) * MIB));
+    assert_eq!(peak("attention"), Some((64 + 4 + 48 + 8) * MIB));
+    assert_eq!(peak("backward"), Some((64 + 4 + 32) * MIB));
+    assert_eq!(peak("optimizer"), Some((64 + 8) * MIB));
+    // The text report shows the peaks too.
+    let text = String::from_utf8_lossy(&cli_on(&["phases"], &agg.traces[0]).stdout).into_owned();
+    assert!(text.contains("group peak") && text.contains("124.0 MiB"), "{text}");
 }

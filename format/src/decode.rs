@@ -449,6 +449,23 @@ fn decode(t: u8, b: &[u8], version: u16, prev: &mut Prev) -> Result<Record, Stri
             };
             Record::AggPeak(AggPeak { seq, device, kind, bytes: p.uv()?, time_ns: p.uv()? })
         }
+        tag::AGG_PHASE => {
+            let seq = p.uv()?;
+            let device = p.sv()?;
+            let device = i32::try_from(device).map_err(|_| format!("device {device} out of range"))?;
+            let k = p.byte()?;
+            let kind = MemKind::from_u8(k).ok_or_else(|| format!("unknown memory kind {k}"))?;
+            Record::AggPhase(AggPhase {
+                seq,
+                device,
+                kind,
+                name: p.string()?,
+                allocations: p.uv()?,
+                allocated_bytes: p.uv()?,
+                failed: p.uv()?,
+                peak_bytes: p.uv()?,
+            })
+        }
         tag::AGG_END => Record::AggEnd(p.uv()?),
         other => return Ok(Record::Unknown(other)),
     };

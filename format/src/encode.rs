@@ -167,6 +167,16 @@ impl Encoder {
                 put_uv(p, a.time_ns);
                 tag::AGG_PEAK
             }
+            Record::AggPhase(a) => {
+                put_uv(p, a.seq);
+                put_sv(p, a.device as i64);
+                p.push(a.kind as u8);
+                put_str(p, &a.name);
+                for v in [a.allocations, a.allocated_bytes, a.failed, a.peak_bytes] {
+                    put_uv(p, v);
+                }
+                tag::AGG_PHASE
+            }
             Record::AggEnd(seq) => {
                 put_uv(p, *seq);
                 tag::AGG_END

@@ -40,6 +40,7 @@ pub mod tag {
     pub const AGG_SITE: u8 = 0x0D;
     pub const AGG_PEAK: u8 = 0x0E;
     pub const AGG_END: u8 = 0x0F;
+    pub const AGG_PHASE: u8 = 0x10;
 }
 
 /// The file header of an uncompressed trace.

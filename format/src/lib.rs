@@ -126,6 +126,16 @@ mod tests {
             }),
             Record::AggPeak(AggPeak { seq: 3, device: 0, kind: Some(MemKind::Block), bytes: 1 << 30, time_ns: 77 }),
             Record::AggPeak(AggPeak { seq: 3, device: 0, kind: None, bytes: 3 << 30, time_ns: 78 }),
+            Record::AggPhase(AggPhase {
+                seq: 3,
+                device: 1,
+                kind: MemKind::Device,
+                name: "epoch 1".into(),
+                allocations: 5,
+                allocated_bytes: 5 << 20,
+                failed: 1,
+                peak_bytes: 9 << 20,
+            }),
             Record::AggEnd(3),
         ]
     }

@@ -329,6 +329,23 @@ pub struct AggPeak {
     pub time_ns: u64,
 }
 
+/// One group's allocations in one phase (the phase of each call as a reader decides it from
+/// the Phase records of a full trace, see docs/format.md "Phases").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AggPhase {
+    pub seq: u64,
+    pub device: i32,
+    pub kind: MemKind,
+    /// Empty: calls made in no phase.
+    pub name: String,
+    pub allocations: u64,
+    pub allocated_bytes: u64,
+    /// Failed allocation calls.
+    pub failed: u64,
+    /// The group's highest live bytes just after one of the phase's allocations.
+    pub peak_bytes: u64,
+}
+
 /// A decoded record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
@@ -347,6 +364,7 @@ pub enum Record {
     AggStart(AggStart),
     AggSite(AggSite),
     AggPeak(AggPeak),
+    AggPhase(AggPhase),
     /// The summary of this `seq` is complete.
     AggEnd(u64),
     /// A record with a tag this reader does not know (newer writer); skipped.

@@ -277,8 +277,8 @@ Examples:
         #[arg(short, long, value_name = "DIR")]
         output: Option<PathBuf>,
         /// Aggregate mode (GPUMEMTRACE_AGGREGATE=1): the traces hold per-site totals, peaks
-        /// and the live set, not every event; timeline, phases, report and the memviz and
-        /// perfetto exports cannot read them
+        /// and the live set, not every event; timeline, report and the memviz and perfetto
+        /// exports cannot read them
         #[arg(long)]
         aggregate: bool,
         #[command(flatten)]

@@ -296,7 +296,6 @@ fn tree_cmd(sel: &Select, of: crate::report::tree::Of, min_percent: f64, level: 
 fn phases_cmd(sel: &Select, json: bool) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
     let t = load(&path, &filter(sel), &mut ())?;
-    time_ordered(&t, "phases")?;
     output(None, |w| phases::render(&t, json, &mut Printable::unless_json(json, w)))
 }
 

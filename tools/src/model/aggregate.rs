@@ -1,14 +1,16 @@
 //! Aggregate traces (`GPUMEMTRACE_AGGREGATE=1`, docs/format.md "Aggregate mode"): instead of
 //! every event, summaries of the run (per-site totals, what each site held live at the end and
-//! at its group's peak, the peaks). The last complete summary is the trace's; its events
-//! (failures, frees of nothing live) are replayed as usual, and the summary then fills in the
-//! groups. What needs the order of events in time (timelines, growth, temporaries, phases,
-//! pools, what was live at a failure) an aggregate trace cannot give.
+//! at its group's peak and at the Python program's end, the peaks, totals by phase). The last
+//! complete summary is the trace's; its events (failures, frees of nothing live) are replayed as
+//! usual, and the summary then fills in the groups. What needs the order of events in time
+//! (timelines, growth, temporaries, phase spans, pools, what was live at a failure) an aggregate
+//! trace cannot give.
 
 use std::io::Read;
 
-use gpumemtrace_format::{AggPeak, AggSite, AggStart, Event, Reader, Record};
+use gpumemtrace_format::{AggPeak, AggPhase, AggSite, AggStart, Event, Reader, Record};
 
+use super::timeseries::PhaseUse;
 use super::trace::{DeviceTotal, Trace};
 use crate::read::filter::Filter;
 use crate::read::live::{GroupKey, StackUse};
@@ -25,6 +27,7 @@ struct Summary {
     start: AggStart,
     sites: Vec<AggSite>,
     peaks: Vec<AggPeak>,
+    phases: Vec<AggPhase>,
 }
 
 /// Whether the trace read from `source` is aggregate: its first summary comes before its first
@@ -44,7 +47,7 @@ pub fn is_aggregate<R: Read>(source: R) -> bool {
 /// What reports that need the order of events in time say about an aggregate trace.
 pub fn refusal(what: &str) -> String {
     format!(
-        "{what} needs every event in time order, and this trace is aggregate (GPUMEMTRACE_AGGREGATE=1): it holds per-site totals, peaks and the live set at the end; use summary, flamegraph, tree or check, or trace again without aggregate mode"
+        "{what} needs every event in time order, and this trace is aggregate (GPUMEMTRACE_AGGREGATE=1): it holds per-site totals, peaks and the live set at the end; use summary, phases, flamegraph, tree, check or diff, or trace again without aggregate mode"
     )
 }
 
@@ -69,6 +72,11 @@ impl Summaries {
             Record::AggPeak(p) => {
                 if let Some(c) = self.current.as_mut().filter(|c| c.start.seq == p.seq) {
                     c.peaks.push(p);
+                }
+            }
+            Record::AggPhase(p) => {
+                if let Some(c) = self.current.as_mut().filter(|c| c.start.seq == p.seq) {
+                    c.phases.push(p);
                 }
             }
             Record::AggEnd(seq) => {
@@ -164,11 +172,27 @@ impl Summaries {
             largest_first(&mut g.leak_stacks);
             largest_first(&mut g.peak_stacks);
         }
-        trace.allocated.values_mut().for_each(|v| largest_first(v));
+        // As `timeseries` orders them.
+        trace.allocated.values_mut().for_each(|v| v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.stack.cmp(&b.stack))));
+        trace.by_phase.clear();
+        trace.phase_peaks.clear();
+        let mut names: Vec<String> = Vec::new();
+        for p in s.phases.into_iter() {
+            if !p.name.is_empty() && !names.contains(&p.name) {
+                names.push(p.name.clone());
+            }
+            if !wanted(p.device) {
+                continue;
+            }
+            let key = (GroupKey { device: p.device, kind: p.kind }, p.name);
+            let use_ = PhaseUse { allocations: p.allocations, bytes: p.allocated_bytes, failed: p.failed };
+            trace.phase_peaks.insert(key.clone(), p.peak_bytes);
+            trace.by_phase.insert(key, use_);
+        }
+        trace.phase_names = names;
         // What only the order of events gives: none of it is in an aggregate trace.
         trace.growth.clear();
         trace.series.clear();
-        trace.by_phase.clear();
         trace.pools.clear();
         trace.pools_at_python_exit.clear();
         trace.direct_leak_stacks.clear();

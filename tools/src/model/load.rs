@@ -122,7 +122,7 @@ impl Trace {
                     trace.threads.insert(t.tid, t);
                 }
                 Record::Phase(p) => replay.phase(&p),
-                r @ (Record::AggStart(_) | Record::AggSite(_) | Record::AggPeak(_) | Record::AggEnd(_)) => summaries.record(r),
+                r @ (Record::AggStart(_) | Record::AggSite(_) | Record::AggPeak(_) | Record::AggPhase(_) | Record::AggEnd(_)) => summaries.record(r),
                 Record::Unknown(_) => {}
             }
             ControlFlow::Continue(())
