@@ -43,6 +43,7 @@ struct Peak {
 struct LiveAlloc {
     site: usize,
     size: u64,
+    time_ns: u64,
 }
 
 /// One successful call, as the writer has it (stacks already interned).
@@ -73,9 +74,11 @@ pub struct Aggregate {
     site_ids: FxHashMap<(Group, u32, u32), usize>,
     sites: Vec<((Group, u32, u32), Site)>,
     /// Live allocations by (address namespace, address). One displaced by a new allocation at
-    /// its address (the trace missed its free) stays live, as the reader keeps it.
+    /// its address stays live, as the reader keeps it (`read/live.rs`), oldest first: the
+    /// trace missed its free, or its free comes later in call order than the new allocation
+    /// (another thread got the address first) and frees it by being older than the new one.
     live: FxHashMap<(u8, u64), LiveAlloc>,
-    displaced: Vec<LiveAlloc>,
+    displaced: FxHashMap<(u8, u64), Vec<LiveAlloc>>,
     groups: FxHashMap<Group, Peak>,
     /// GPU memory per device (the kinds that occupy it, see `MemKind::occupies_gpu`).
     devices: FxHashMap<i32, Peak>,
@@ -108,7 +111,7 @@ impl Aggregate {
             site_ids: FxHashMap::default(),
             sites: Vec::new(),
             live: FxHashMap::default(),
-            displaced: Vec::new(),
+            displaced: FxHashMap::default(),
             groups: FxHashMap::default(),
             devices: FxHashMap::default(),
             seq: 0,
@@ -190,13 +193,13 @@ impl Aggregate {
                 if kind.occupies_gpu() {
                     rise(self.devices.entry(c.device).or_default(), c.size, c.time_ns);
                 }
-                if let Some(old) = self.live.insert((ns, c.addr), LiveAlloc { site, size: c.size }) {
-                    self.displaced.push(old);
+                if let Some(old) = self.live.insert((ns, c.addr), LiveAlloc { site, size: c.size, time_ns: c.time_ns }) {
+                    self.displaced.entry((ns, c.addr)).or_default().push(old);
                 }
                 true
             }
             Op::Free => {
-                let Some(old) = self.live.remove(&(ns, c.addr)) else { return false };
+                let Some(old) = self.take_freed((ns, c.addr), c.time_ns) else { return false };
                 let (key, s) = &mut self.sites[old.site];
                 let g = self.groups.entry(key.0).or_default();
                 change(s, (g.mark, self.exit_mark), old.size, false);
@@ -210,6 +213,21 @@ impl Aggregate {
                 true
             }
         }
+    }
+
+    /// The allocation a free at `at` frees: the live one, or, for a free older than it, the
+    /// newest one it displaced (as the reader's `LiveSet::take_freed` decides).
+    fn take_freed(&mut self, at: (u8, u64), time_ns: u64) -> Option<LiveAlloc> {
+        if let Some(d) = self.displaced.get_mut(&at) {
+            if self.live.get(&at).is_none_or(|l| time_ns < l.time_ns) {
+                let old = d.pop();
+                if d.is_empty() {
+                    self.displaced.remove(&at);
+                }
+                return old;
+            }
+        }
+        self.live.remove(&at)
     }
 
     /// The records of a summary of the run so far: `AggStart`, a site record per site, a peak
@@ -262,7 +280,7 @@ impl Aggregate {
     /// Live allocations (displaced ones included).
     #[cfg(test)]
     fn live_count(&self) -> usize {
-        self.live.len() + self.displaced.len()
+        self.live.len() + self.displaced.values().map(Vec::len).sum::<usize>()
     }
 }
 
@@ -334,6 +352,19 @@ mod tests {
         // A later, higher peak replaces the first.
         assert!(a.absorb(&call(Op::Alloc, 0x4000, 500, 3, 70)));
         assert_eq!(sites(&a.summary(80, 6, true)), [(1, 1, 0, 100, 100, 1), (2, 1, 1, 0, 0, 0), (3, 2, 0, 530, 530, 2)]);
+    }
+
+    #[test]
+    fn a_free_older_than_the_allocation_now_at_its_address_frees_the_one_it_displaced() {
+        // Thread A frees 0x1000 and thread B gets it at once, but B's allocation comes first in
+        // call order: A's free, older than B's allocation, frees A's; B's free then frees B's.
+        let mut a = aggregate();
+        a.absorb(&call(Op::Alloc, 0x1000, 100, 1, 10)); // A
+        a.absorb(&call(Op::Alloc, 0x1000, 300, 2, 30)); // B, at 30
+        assert!(a.absorb(&call(Op::Free, 0x1000, 0, 0, 20)), "A's free, at 20");
+        assert_eq!(sites(&a.summary(40, 3, false)), [(1, 1, 1, 0, 100, 1), (2, 1, 0, 300, 300, 1)]);
+        assert!(a.absorb(&call(Op::Free, 0x1000, 0, 0, 50)), "B's free");
+        assert_eq!(a.live_count(), 0);
     }
 
     #[test]
