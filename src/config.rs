@@ -42,6 +42,9 @@ pub struct Config {
     pub journal: bool,
     /// `GPUMEMTRACE_QUIET=1`: no line on stderr at exit naming the trace.
     pub quiet: bool,
+    /// `GPUMEMTRACE_AGGREGATE=1`: the trace holds per-site summaries, not every event
+    /// (src/aggregate.rs, docs/format.md).
+    pub aggregate: bool,
 }
 
 /// A switch's value, `None` when it is neither on nor off.
@@ -102,6 +105,7 @@ impl Config {
         let compress = flag("GPUMEMTRACE_COMPRESS", true, "traces stay compressed");
         let journal = flag("GPUMEMTRACE_JOURNAL", true, "the journal stays on");
         let quiet = flag("GPUMEMTRACE_QUIET", false, "the trace is named on stderr at exit");
+        let aggregate = flag("GPUMEMTRACE_AGGREGATE", false, "every event is written");
         Config {
             output,
             max_frames,
@@ -119,6 +123,7 @@ impl Config {
             compress,
             journal,
             quiet,
+            aggregate,
         }
     }
 }

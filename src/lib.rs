@@ -20,10 +20,14 @@
 //!   [`clock`] (time, call order, tracer starts), [`thread`] (thread id and name), [`config`]
 //!   (every environment variable), [`resolve`], [`modules`], [`phdr`] (the one walk over the
 //!   loaded objects), [`lazy`] (the one slot type for a function found on first use), [`guard`],
-//!   [`output`], [`cuda`].
+//!   [`output`], [`cuda`], [`aggregate`] (the summaries of aggregate mode) [`backward`]
+//!   (its attribution of PyTorch's backward threads) and [`phase_totals`] (its totals by phase).
 //!
 //! `unsafe` lives in the FFI-facing modules, each use with a `// SAFETY:` note.
 
+mod aggregate;
+mod backward;
+mod phase_totals;
 mod clock;
 mod config;
 mod crash;

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use gpumemtrace_format::{self as fmt, Encoder, Record};
 use rustc_hash::FxHashSet;
 
+use crate::aggregate::{Aggregate, Call};
+use crate::backward::Backward;
 use crate::config::Config;
 use crate::modules::{loaded_objects, Object};
 use crate::table::{ALL, HOOKS};
@@ -94,6 +96,9 @@ pub struct Writer {
     next_seq: u64,
     /// Since when the next number has been missing (a thread between numbering and hand-over).
     gap_since: Option<Instant>,
+    /// Aggregate mode (`Config::aggregate`): successful calls go into summaries, not records.
+    agg: Option<Aggregate>,
+    backward: Backward,
 }
 
 /// A message read from a ring and not written yet: its number and where it lies in the ring.
@@ -155,6 +160,8 @@ impl Writer {
             gap_since: None,
             journal,
             read_pos: [0; RINGS],
+            agg: None,
+            backward: Backward::default(),
         };
         w.put(&Record::Process(process_info(start_ns, config)));
         for (&id, hook) in ALL.iter().zip(HOOKS) {
@@ -163,6 +170,12 @@ impl Writer {
             }
         }
         w.rescan_modules();
+        if config.aggregate {
+            let apis = ALL.iter().zip(HOOKS).filter_map(|(&id, h)| h.event.map(|(k, o)| (id as u32, k, o)));
+            w.agg = Some(Aggregate::new(std::process::id(), apis));
+            // The empty summary: tells a reader from the start that this trace is aggregate.
+            w.summary(false);
+        }
         for p in early_phases {
             w.phase(p);
         }
@@ -300,6 +313,12 @@ impl Writer {
     }
 
     fn phase(&mut self, p: RawPhase) {
+        if let Some(agg) = self.agg.as_mut() {
+            // One record per push and pop grows with the run: aggregate traces have totals by
+            // phase instead.
+            agg.phase(p.tid, p.op, &p.name);
+            return;
+        }
         let time_ns = p.time_ns.saturating_sub(self.start_ns);
         self.put(&Record::Phase(fmt::Phase { time_ns, tid: p.tid, op: p.op, name: p.name }));
     }
@@ -324,9 +343,24 @@ impl Writer {
             None => 0,
         };
         let stack = self.intern(ev.frames);
+        let time_ns = ev.time_ns.saturating_sub(self.start_ns);
+        if let Some(agg) = self.agg.as_mut() {
+            let python = ev.flags & fmt::event_flags::PYTHON != 0;
+            agg.seen(ev.tid, pystack != 0 || python, time_ns);
+            // Successful calls go into the summary, with the Python stack a reader would give them.
+            let attributed = self.backward.attribute(ev.tid, pystack, python, agg.is_alloc(ev.api));
+            let c = Call { api: ev.api, tid: ev.tid, time_ns, device: ev.device, addr: ev.addr, size: ev.size, extra: ev.extra, stack, pystack: attributed };
+            if ev.result == 0 && agg.absorb(&c) {
+                self.events += 1;
+                return Ok(());
+            }
+            if ev.result != 0 {
+                agg.failed(ev.api, ev.tid, ev.device);
+            }
+        }
         self.put(&Record::Event(fmt::Event {
             api: ev.api,
-            time_ns: ev.time_ns.saturating_sub(self.start_ns),
+            time_ns,
             tid: ev.tid,
             stack,
             result: ev.result,
@@ -409,6 +443,9 @@ impl Writer {
             let id = self.py_codes.len() as u32 + 1;
             self.py_codes.insert((c.code, c.sig), id);
             self.remember(dict::PY_CODE, id, c.code, c.sig);
+            if self.agg.is_some() {
+                self.backward.code(id, &c.name, &c.filename);
+            }
             self.put(&Record::PyCode(c.into_record(id)));
         }
     }
@@ -433,6 +470,9 @@ impl Writer {
             return id;
         }
         let id = self.py_stacks.len() as u32 + 1;
+        if self.agg.is_some() {
+            self.backward.stack(id, frames.iter().map(|f| f.code));
+        }
         self.put(&Record::PyStack(fmt::PyStack { id, frames: frames.clone() }));
         self.py_stacks.insert(frames, id);
         id
@@ -517,6 +557,7 @@ impl Writer {
                 crate::ring::MAX_WAIT_MS
             ));
         }
+        self.summary(final_);
         let s = fmt::Stats { events: self.events, dropped: self.dropped + given_up, final_ };
         self.put(&Record::Stats(s));
     }
@@ -584,8 +625,21 @@ impl Writer {
         }
     }
 
+    /// In aggregate mode, a summary of the run so far (the last complete one is the trace's).
+    fn summary(&mut self, final_: bool) {
+        let time_ns = crate::clock::now_ns().saturating_sub(self.start_ns);
+        if let Some(agg) = self.agg.as_mut() {
+            for r in agg.summary(time_ns, self.events, final_) {
+                self.enc.encode(&r, &mut self.buf);
+            }
+        }
+    }
+
     pub fn flush_if_due(&mut self) -> io::Result<()> {
         self.release(false)?; // a gap that has lasted long enough is given up on here
+        if self.agg.as_mut().is_some_and(|a| a.due()) {
+            self.summary(false);
+        }
         if !self.buf.is_empty() && self.last_flush.elapsed() >= FLUSH_INTERVAL {
             self.flush()
         } else {

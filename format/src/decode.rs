@@ -408,6 +408,65 @@ fn decode(t: u8, b: &[u8], version: u16, prev: &mut Prev) -> Result<Record, Stri
         tag::THREAD => Record::Thread(Thread { tid: p.u32("thread id")?, name: p.string()?, python: p.byte()? != 0 }),
         tag::NOTICE => Record::Notice(p.string()?),
         tag::STATS => Record::Stats(Stats { events: p.uv()?, dropped: p.uv()?, final_: p.byte()? != 0 }),
+        tag::AGG_START => Record::AggStart(AggStart {
+            seq: p.uv()?,
+            time_ns: p.uv()?,
+            events: p.uv()?,
+            final_: p.byte()? != 0,
+            python_exit_ns: p.uv()?.checked_sub(1),
+        }),
+        tag::AGG_SITE => {
+            let seq = p.uv()?;
+            let device = p.sv()?;
+            let device = i32::try_from(device).map_err(|_| format!("device {device} out of range"))?;
+            let k = p.byte()?;
+            let kind = MemKind::from_u8(k).ok_or_else(|| format!("unknown memory kind {k}"))?;
+            Record::AggSite(AggSite {
+                seq,
+                device,
+                kind,
+                stack: p.u32("stack id")?,
+                pystack: p.u32("python stack id")?,
+                allocations: p.uv()?,
+                allocated_bytes: p.uv()?,
+                frees: p.uv()?,
+                live_bytes: p.uv()?,
+                live_count: p.uv()?,
+                peak_bytes: p.uv()?,
+                peak_count: p.uv()?,
+                exit_bytes: p.uv()?,
+                exit_count: p.uv()?,
+                tid: p.u32("thread id")?,
+            })
+        }
+        tag::AGG_PEAK => {
+            let seq = p.uv()?;
+            let device = p.sv()?;
+            let device = i32::try_from(device).map_err(|_| format!("device {device} out of range"))?;
+            let kind = match p.byte()? {
+                0 => None,
+                k => Some(MemKind::from_u8(k).ok_or_else(|| format!("unknown memory kind {k}"))?),
+            };
+            Record::AggPeak(AggPeak { seq, device, kind, bytes: p.uv()?, time_ns: p.uv()? })
+        }
+        tag::AGG_PHASE => {
+            let seq = p.uv()?;
+            let device = p.sv()?;
+            let device = i32::try_from(device).map_err(|_| format!("device {device} out of range"))?;
+            let k = p.byte()?;
+            let kind = MemKind::from_u8(k).ok_or_else(|| format!("unknown memory kind {k}"))?;
+            Record::AggPhase(AggPhase {
+                seq,
+                device,
+                kind,
+                name: p.string()?,
+                allocations: p.uv()?,
+                allocated_bytes: p.uv()?,
+                failed: p.uv()?,
+                peak_bytes: p.uv()?,
+            })
+        }
+        tag::AGG_END => Record::AggEnd(p.uv()?),
         other => return Ok(Record::Unknown(other)),
     };
     // Trailing bytes are allowed: a newer writer may append fields to a record.

@@ -139,6 +139,48 @@ impl Encoder {
                 p.push(t.python as u8);
                 tag::THREAD
             }
+            Record::AggStart(a) => {
+                put_uv(p, a.seq);
+                put_uv(p, a.time_ns);
+                put_uv(p, a.events);
+                p.push(a.final_ as u8);
+                put_uv(p, a.python_exit_ns.map_or(0, |t| t + 1));
+                tag::AGG_START
+            }
+            Record::AggSite(a) => {
+                put_uv(p, a.seq);
+                put_sv(p, a.device as i64);
+                p.push(a.kind as u8);
+                for v in [a.stack as u64, a.pystack as u64, a.allocations, a.allocated_bytes, a.frees] {
+                    put_uv(p, v);
+                }
+                for v in [a.live_bytes, a.live_count, a.peak_bytes, a.peak_count, a.exit_bytes, a.exit_count, a.tid as u64] {
+                    put_uv(p, v);
+                }
+                tag::AGG_SITE
+            }
+            Record::AggPeak(a) => {
+                put_uv(p, a.seq);
+                put_sv(p, a.device as i64);
+                p.push(a.kind.map_or(0, |k| k as u8));
+                put_uv(p, a.bytes);
+                put_uv(p, a.time_ns);
+                tag::AGG_PEAK
+            }
+            Record::AggPhase(a) => {
+                put_uv(p, a.seq);
+                put_sv(p, a.device as i64);
+                p.push(a.kind as u8);
+                put_str(p, &a.name);
+                for v in [a.allocations, a.allocated_bytes, a.failed, a.peak_bytes] {
+                    put_uv(p, v);
+                }
+                tag::AGG_PHASE
+            }
+            Record::AggEnd(seq) => {
+                put_uv(p, *seq);
+                tag::AGG_END
+            }
             Record::Unknown(t) => *t,
         };
         if p.len() as u64 > crate::MAX_RECORD_LEN {

@@ -100,6 +100,7 @@ pub fn fitted(rec: &Record) -> Cow<'_, Record> {
             ph.name = cut_field(&ph.name);
             Cow::Owned(Record::Phase(ph))
         }
+        Record::AggPhase(a) if long(&a.name) => Cow::Owned(Record::AggPhase(crate::AggPhase { name: cut_field(&a.name), ..a.clone() })),
         Record::Thread(t) if long(&t.name) => {
             Cow::Owned(Record::Thread(Thread { tid: t.tid, name: cut_field(&t.name), python: t.python }))
         }

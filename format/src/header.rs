@@ -36,6 +36,11 @@ pub mod tag {
     pub const PY_STACK: u8 = 0x09;
     pub const PHASE: u8 = 0x0A;
     pub const THREAD: u8 = 0x0B;
+    pub const AGG_START: u8 = 0x0C;
+    pub const AGG_SITE: u8 = 0x0D;
+    pub const AGG_PEAK: u8 = 0x0E;
+    pub const AGG_END: u8 = 0x0F;
+    pub const AGG_PHASE: u8 = 0x10;
 }
 
 /// The file header of an uncompressed trace.

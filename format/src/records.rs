@@ -274,6 +274,78 @@ pub struct Stats {
     pub final_: bool,
 }
 
+/// Aggregate mode (`GPUMEMTRACE_AGGREGATE=1`): instead of one record per event, the trace holds
+/// summaries, each `AggStart`, its `AggSite`s and `AggPeak`s, then `AggEnd` with the same `seq`.
+/// A summary covers the whole run up to its time; the last complete one is the trace's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AggStart {
+    /// Numbers the summaries of a trace, from 0 (the empty one written at the start).
+    pub seq: u64,
+    /// Nanoseconds since [`Process::start_monotonic_ns`].
+    pub time_ns: u64,
+    /// Events the tracer recorded up to this summary (summarized or written as events).
+    pub events: u64,
+    /// True for the summary written when the process finished its trace.
+    pub final_: bool,
+    /// When the Python program ended (as the reader finds it in a full trace: the first event
+    /// of the main thread without Python code after its last one with it), if it has.
+    pub python_exit_ns: Option<u64>,
+}
+
+/// One allocation site of one group (device, memory kind) over the run so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AggSite {
+    pub seq: u64,
+    pub device: i32,
+    pub kind: MemKind,
+    /// Stack and PyStack ids of its allocations (0 = none).
+    pub stack: u32,
+    pub pystack: u32,
+    /// Successful allocations and their bytes; successful frees of them.
+    pub allocations: u64,
+    pub allocated_bytes: u64,
+    pub frees: u64,
+    /// Its allocations live now: bytes, count.
+    pub live_bytes: u64,
+    pub live_count: u64,
+    /// Its allocations live at its group's peak: bytes, count.
+    pub peak_bytes: u64,
+    pub peak_count: u64,
+    /// Its allocations live when the Python program ended (0 when it has not).
+    pub exit_bytes: u64,
+    pub exit_count: u64,
+    /// The thread of its first allocation.
+    pub tid: u32,
+}
+
+/// The peak of one group, or (`kind` None) of a device's GPU memory (the kinds that occupy it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AggPeak {
+    pub seq: u64,
+    pub device: i32,
+    pub kind: Option<MemKind>,
+    pub bytes: u64,
+    /// When it was first reached, ns since the start.
+    pub time_ns: u64,
+}
+
+/// One group's allocations in one phase (the phase of each call as a reader decides it from
+/// the Phase records of a full trace, see docs/format.md "Phases").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AggPhase {
+    pub seq: u64,
+    pub device: i32,
+    pub kind: MemKind,
+    /// Empty: calls made in no phase.
+    pub name: String,
+    pub allocations: u64,
+    pub allocated_bytes: u64,
+    /// Failed allocation calls.
+    pub failed: u64,
+    /// The group's highest live bytes just after one of the phase's allocations.
+    pub peak_bytes: u64,
+}
+
 /// A decoded record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
@@ -289,6 +361,12 @@ pub enum Record {
     PyStack(PyStack),
     Phase(Phase),
     Thread(Thread),
+    AggStart(AggStart),
+    AggSite(AggSite),
+    AggPeak(AggPeak),
+    AggPhase(AggPhase),
+    /// The summary of this `seq` is complete.
+    AggEnd(u64),
     /// A record with a tag this reader does not know (newer writer); skipped.
     Unknown(u8),
 }

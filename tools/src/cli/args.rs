@@ -270,11 +270,17 @@ the command's (128+N when it was killed by signal N).
 
 Examples:
   gpumemtrace run -- python3 train.py
-  gpumemtrace run --output /tmp/traces --frames 3 -- ./app --size 4096")]
+  gpumemtrace run --output /tmp/traces --frames 3 -- ./app --size 4096
+  gpumemtrace run --aggregate -- python3 train.py   (a day-long run: a trace of megabytes)")]
     Run {
         /// Directory for the traces [default: the current directory]
         #[arg(short, long, value_name = "DIR")]
         output: Option<PathBuf>,
+        /// Aggregate mode (GPUMEMTRACE_AGGREGATE=1): the traces hold per-site totals, peaks
+        /// and the live set, not every event; timeline, report and the memviz and perfetto
+        /// exports cannot read them
+        #[arg(long)]
+        aggregate: bool,
         #[command(flatten)]
         report: ReportArgs,
         /// The command and its arguments

@@ -34,10 +34,10 @@ pub fn run(cmd: Cmd) -> Result<u8> {
             out.flush()?;
             Ok(if complete { 0 } else { 1 })
         }
-        Cmd::Run { output, report, command } => {
+        Cmd::Run { output, aggregate, report, command } => {
             let opts: summary::Options = report.into();
             let lib = run::find_lib().map_err(|e| e.status(2))?;
-            let l = run::Launch { lib, output: output.unwrap_or_else(|| PathBuf::from(".")), command };
+            let l = run::Launch { lib, output: output.unwrap_or_else(|| PathBuf::from(".")), command, aggregate };
             // JSON is for a pipe (`run --json -- cmd | jq`), after the command's own output;
             // text goes to stderr, beside it.
             let code = if opts.json {
@@ -86,6 +86,14 @@ fn load(path: &Path, f: &Filter, observe: &mut dyn Observer) -> Result<Trace> {
         eprintln!("warning: {p}: no allocation matches {s}");
     }
     Ok(t)
+}
+
+/// Reports that need the events in time order refuse an aggregate trace (exit status 2).
+fn time_ordered(t: &Trace, what: &str) -> Result<()> {
+    match t.aggregate {
+        Some(_) => Err(Error::new(crate::model::aggregate::refusal(what)).status(2)),
+        None => Ok(()),
+    }
 }
 
 /// `--module`, `--from`, `--to` as given, when any is.
@@ -149,6 +157,7 @@ fn timeline_cmd(sel: &Select, out: Option<&Path>) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
     let mut reserved = timeline::Reserved::default();
     let t = load(&path, &filter(sel), &mut reserved)?;
+    time_ordered(&t, "timeline")?;
     let pic = timeline::render(&t, sel.device, &reserved.series, html);
     let page = if html { timeline::page(&pic) } else { pic.svg };
     output(out, |w| w.write_all(page.as_bytes()))
@@ -179,6 +188,7 @@ fn report_cmd(sel: &Select, out: Option<&Path>, top: usize) -> Result<()> {
     let path = one_trace(&sel.trace, sel.pid)?;
     let mut reserved = timeline::Reserved::default();
     let t = load(&path, &filter(sel), &mut reserved)?;
+    time_ordered(&t, "report (its timeline)")?;
     let shown = html::Shown { top, device: sel.device, phase: sel.phase.clone() };
     let page = html::render(&path, &t, &reserved.series, &shown);
     output(out, |w| w.write_all(page.as_bytes()))
@@ -224,6 +234,7 @@ fn export_cmd(
         ExportFormat::Memviz => {
             let mut c = export::memviz::Collector::new(sel.device);
             let t = load(&path, &f, &mut c)?;
+            time_ordered(&t, "export --format memviz")?;
             let mut sym = Symbolizer::new();
             let mut sym = sym.for_trace(&t.modules);
             let snap = c.finish(&t, &mut sym);
@@ -234,6 +245,7 @@ fn export_cmd(
         ExportFormat::Perfetto => {
             let mut pools = export::perfetto::PoolCounters::default();
             let t = load(&path, &f, &mut pools)?;
+            time_ordered(&t, "export --format perfetto")?;
             let mut sym = Symbolizer::new();
             let mut sym = sym.for_trace(&t.modules);
             output(out, |w| export::perfetto::write(&t, sel.device, &pools, &mut sym, w))

@@ -16,6 +16,8 @@ pub struct Launch {
     /// Where traces go; created if missing.
     pub output: PathBuf,
     pub command: Vec<OsString>,
+    /// `--aggregate`: sets GPUMEMTRACE_AGGREGATE=1 for the command.
+    pub aggregate: bool,
 }
 
 /// The preload library: `$GPUMEMTRACE_LIB`, else where installs put it (crate::shim).
@@ -57,6 +59,9 @@ pub fn launch(l: &Launch, opts: &Options, report: &mut dyn Write) -> Result<u8, 
     // The summary below names the traces; the processes need not each say so too.
     if std::env::var_os("GPUMEMTRACE_QUIET").is_none() {
         cmd.env("GPUMEMTRACE_QUIET", "1");
+    }
+    if l.aggregate {
+        cmd.env("GPUMEMTRACE_AGGREGATE", "1");
     }
     // NVTX ranges become phases (src/nvtx.rs); NVTX takes one injection library, so one
     // already chosen (a profiler's) is kept.
@@ -163,6 +168,7 @@ mod tests {
             lib: PathBuf::from("/dev/null"),
             output: dir.clone(),
             command: vec!["sh".into(), "-c".into(), script.into()],
+            aggregate: false,
         };
         let mut report = Vec::new();
         let code = launch(&l, &Options::default(), &mut report).unwrap();
@@ -213,6 +219,7 @@ mod tests {
             lib: PathBuf::from("/dev/null"),
             output: std::env::temp_dir(),
             command: vec!["/nonexistent/gpumemtrace-no-such-command".into()],
+            aggregate: false,
         };
         assert_eq!(
             launch(&l, &Options::default(), &mut io::sink()).unwrap(),

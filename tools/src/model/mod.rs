@@ -2,10 +2,11 @@
 //! with the model's observers: `groups` (statistics per device and memory kind, failures, bad
 //! frees), `pool` (segments and blocks of a caching allocator), `growth` (stacks whose live bytes
 //! keep rising) and `timeseries` (live bytes over time, allocations by stack and phase);
-//! `autograd` attributes allocations of PyTorch's backward threads to the waiting Python stack.
+//! `aggregate` reads the summaries of aggregate traces instead; `autograd` attributes allocations of PyTorch's backward threads to the waiting Python stack.
 //!
 //! The model only records, by stack id; turning stacks into call sites is the reports' job.
 
+pub mod aggregate;
 pub mod autograd;
 pub mod groups;
 pub mod growth;

@@ -156,6 +156,11 @@ pub struct Trace {
     /// one. Python frees every module's objects then (tensors too), so what was still live just
     /// before is what the program leaked; the end of the trace would show almost nothing.
     pub python_exit_ns: Option<u64>,
+    /// An aggregate trace's summary (see `aggregate`): its groups come from it.
+    pub aggregate: Option<gpumemtrace_format::AggStart>,
+    /// Aggregate traces: per group and phase, the group's highest live bytes just after one of
+    /// the phase's allocations.
+    pub phase_peaks: BTreeMap<(GroupKey, String), u64>,
 }
 
 /// First stack key of a (native, Python) pair; native stack ids stay below it.

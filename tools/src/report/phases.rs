@@ -13,8 +13,13 @@ pub fn render(t: &Trace, json: bool, w: &mut dyn Write) -> io::Result<()> {
             .by_phase
             .iter()
             .map(|((k, n), u)| {
-                serde_json::json!({"phase": n, "device": k.device, "kind": k.kind.name(),
-                    "allocations": u.allocations, "allocated_bytes": u.bytes, "failed": u.failed})
+                let mut row = serde_json::json!({"phase": n, "device": k.device, "kind": k.kind.name(),
+                    "allocations": u.allocations, "allocated_bytes": u.bytes, "failed": u.failed});
+                // An aggregate trace (no spans) has each phase's peak instead.
+                if let Some(peak) = t.phase_peaks.get(&(*k, n.clone())) {
+                    row["peak_bytes"] = (*peak).into();
+                }
+                row
             })
             .collect();
         let v = serde_json::json!({"phases": rows, "spans": t.spans, "spans_merged_within_ns": t.spans_merged_within_ns});
@@ -24,11 +29,13 @@ pub fn render(t: &Trace, json: bool, w: &mut dyn Write) -> io::Result<()> {
     if t.by_phase.is_empty() {
         writeln!(w, "no allocations")?;
     }
-    writeln!(w, "{:<24} {:<11} {:<13} {:>11} {:>12} {:>7}", "phase", "device", "kind", "allocations", "allocated", "failed")?;
+    let peaks = t.aggregate.is_some();
+    write!(w, "{:<24} {:<11} {:<13} {:>11} {:>12} {:>7}", "phase", "device", "kind", "allocations", "allocated", "failed")?;
+    writeln!(w, "{}", if peaks { format!(" {:>12}", "group peak") } else { String::new() })?;
     for ((k, n), u) in &t.by_phase {
         let name = if n.is_empty() { "(none)" } else { n.as_str() };
         let device = if k.device < 0 { "host memory".to_string() } else { k.device.to_string() };
-        writeln!(
+        write!(
             w,
             "{:<24} {:<11} {:<13} {:>11} {:>12} {:>7}",
             name,
@@ -38,6 +45,8 @@ pub fn render(t: &Trace, json: bool, w: &mut dyn Write) -> io::Result<()> {
             size(u.bytes),
             u.failed
         )?;
+        let peak = t.phase_peaks.get(&(*k, n.clone())).filter(|_| peaks).map(|p| format!(" {:>12}", size(*p)));
+        writeln!(w, "{}", peak.unwrap_or_default())?;
     }
     Ok(())
 }
