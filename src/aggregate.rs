@@ -380,7 +380,7 @@ mod tests {
     #[test]
     fn the_python_programs_end_keeps_what_was_live_then() {
         let mut a = aggregate();
-        let mut at = |a: &mut Aggregate, tid: u32, python: bool, c: Call| {
+        let at = |a: &mut Aggregate, tid: u32, python: bool, c: Call| {
             a.seen(tid, python, c.time_ns);
             assert!(a.absorb(&c));
         };
