@@ -136,22 +136,6 @@ fn long_run(n: u64, stacks: u32, depth: usize, spike: u64, steps: u64) -> Trace 
     t
 }
 
-fn attr<'a>(tag: &'a str, name: &str) -> &'a str {
-    let k = format!(" {name}=\"");
-    let i = tag.find(&k).unwrap_or_else(|| panic!("no {name} in {tag}")) + k.len();
-    &tag[i..i + tag[i..].find('"').unwrap()]
-}
-
-fn tags<'a>(svg: &'a str, class: &str) -> Vec<&'a str> {
-    let k = format!("class=\"{class}\"");
-    svg.match_indices(&k)
-        .map(|(i, _)| {
-            let start = svg[..i].rfind('<').unwrap();
-            &svg[start..start + svg[start..].find('>').unwrap()]
-        })
-        .collect()
-}
-
 /// The smallest y (the highest point) of a path's coordinates.
 fn top_of(d: &str) -> f64 {
     d.split(['M', 'L', ' '])

@@ -148,22 +148,6 @@ fn phase_filter_answers_what_a_phase_allocated() {
     assert_eq!(allocated, 64 * MIB);
 }
 
-fn attr<'a>(tag: &'a str, name: &str) -> &'a str {
-    let k = format!(" {name}=\"");
-    let i = tag.find(&k).unwrap_or_else(|| panic!("no {name} in {tag}")) + k.len();
-    &tag[i..i + tag[i..].find('"').unwrap()]
-}
-
-fn tags<'a>(svg: &'a str, class: &str) -> Vec<&'a str> {
-    let k = format!("class=\"{class}\"");
-    svg.match_indices(&k)
-        .map(|(i, _)| {
-            let start = svg[..i].rfind('<').unwrap();
-            &svg[start..start + svg[start..].find('>').unwrap()]
-        })
-        .collect()
-}
-
 #[test]
 fn timeline_marks_peak_failure_and_phases() {
     let t = phases_trace("4");

@@ -265,3 +265,21 @@ pub fn normalized(stdout: &str) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+/// The value of attribute `name` in an SVG/HTML start tag.
+pub fn attr<'a>(tag: &'a str, name: &str) -> &'a str {
+    let k = format!(" {name}=\"");
+    let i = tag.find(&k).unwrap_or_else(|| panic!("no {name} in {tag}")) + k.len();
+    &tag[i..i + tag[i..].find('"').unwrap()]
+}
+
+/// The start tags of elements with class `class`.
+pub fn tags<'a>(svg: &'a str, class: &str) -> Vec<&'a str> {
+    let k = format!("class=\"{class}\"");
+    svg.match_indices(&k)
+        .map(|(i, _)| {
+            let start = svg[..i].rfind('<').unwrap();
+            &svg[start..start + svg[start..].find('>').unwrap()]
+        })
+        .collect()
+}

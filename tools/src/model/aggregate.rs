@@ -13,7 +13,7 @@ use gpumemtrace_format::{AggPeak, AggPhase, AggSite, AggStart, Event, Reader, Re
 use super::timeseries::PhaseUse;
 use super::trace::{DeviceTotal, Trace};
 use crate::read::filter::Filter;
-use crate::read::live::{GroupKey, StackUse};
+use crate::read::live::{largest_first, GroupKey, StackUse};
 
 /// The summaries as the loader reads them: the one being read and the last complete one.
 #[derive(Default)]
@@ -199,11 +199,6 @@ impl Summaries {
         trace.last_failure_live.clear();
         trace.python_exit_ns = s.start.python_exit_ns;
     }
-}
-
-/// The order of `live::tally`: bytes, then count, descending; then stack id.
-fn largest_first(v: &mut [StackUse]) {
-    v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)).then(a.stack.cmp(&b.stack)));
 }
 
 #[cfg(test)]

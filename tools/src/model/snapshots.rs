@@ -10,7 +10,7 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::read::live::{GroupKey, StackUse};
+use crate::read::live::{largest_first, GroupKey, StackUse};
 
 /// The kinds of moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,11 +127,11 @@ impl Snapshots {
     }
 }
 
-/// Non-empty tallies, largest first (as `live::tally` orders them).
+/// Non-empty tallies, largest first.
 fn sorted(it: impl Iterator<Item = (u32, (u64, u64))>) -> Vec<StackUse> {
     let mut v: Vec<StackUse> =
         it.filter(|(_, (_, count))| *count > 0).map(|(stack, (bytes, count))| StackUse { stack, bytes, count }).collect();
-    v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)).then(a.stack.cmp(&b.stack)));
+    largest_first(&mut v);
     v
 }
 

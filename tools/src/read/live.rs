@@ -182,8 +182,13 @@ fn tally_slots(live: impl Iterator<Item = (u32, u64)>) -> Vec<StackUse> {
         u.count += 1;
     }
     let mut v: Vec<StackUse> = by.into_values().collect();
-    v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)).then(a.stack.cmp(&b.stack)));
+    largest_first(&mut v);
     v
+}
+
+/// The order of every by-stack list: bytes, then count, descending; then stack id.
+pub fn largest_first(v: &mut [StackUse]) {
+    v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)).then(a.stack.cmp(&b.stack)));
 }
 
 #[cfg(test)]
