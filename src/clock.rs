@@ -20,21 +20,22 @@ pub fn now_ns() -> u64 {
     monotonic_ns()
 }
 
-fn monotonic_ns() -> u64 {
+pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes into the timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The time-stamp counter (0 where there is none).
 #[cfg(target_arch = "x86_64")]
-fn ticks() -> u64 {
+pub fn ticks() -> u64 {
     // SAFETY: rdtsc reads a register; it exists on every x86-64 CPU.
     unsafe { core::arch::x86_64::_rdtsc() }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn ticks() -> u64 {
+pub fn ticks() -> u64 {
     0
 }
 

@@ -45,6 +45,9 @@ pub struct Config {
     /// `GPUMEMTRACE_AGGREGATE=1`: the trace holds per-site summaries, not every event
     /// (src/aggregate.rs, docs/format.md).
     pub aggregate: bool,
+    /// `GPUMEMTRACE_SELF_TIME=1`: the time hooks add, by part, measured and written at the end
+    /// of the trace (src/selftime.rs).
+    pub self_time: bool,
 }
 
 /// A switch's value, `None` when it is neither on nor off.
@@ -106,6 +109,7 @@ impl Config {
         let journal = flag("GPUMEMTRACE_JOURNAL", true, "the journal stays on");
         let quiet = flag("GPUMEMTRACE_QUIET", false, "the trace is named on stderr at exit");
         let aggregate = flag("GPUMEMTRACE_AGGREGATE", false, "every event is written");
+        let self_time = flag("GPUMEMTRACE_SELF_TIME", false, "the hooks' own time is not measured");
         Config {
             output,
             max_frames,
@@ -124,6 +128,7 @@ impl Config {
             journal,
             quiet,
             aggregate,
+            self_time,
         }
     }
 }

@@ -25,6 +25,8 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering:
 use std::sync::Mutex;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+
+use crate::walkmemo::{classify, BpUse, Memo, Memos, Walked, Want};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 
 /// A byte range of a mapped object image.
@@ -91,64 +93,6 @@ thread_local! {
 #[derive(Debug)]
 pub struct Unavailable;
 
-/// What a thread's previous capture saw, to skip re-unwinding the part of the stack that has not
-/// changed. Unwinding from a frame is a pure function of its (address, sp, bp), the unwind rules
-/// (the snapshot) and the stack words the unwinder reads: so when a frame of the new walk has the
-/// same (address, sp, bp) as a frame of the previous one, and every word read from there on
-/// still holds the value read then, the rest of the walk is the previous one's, frame for frame.
-/// Consecutive allocations from one place share almost their whole stack, so a warm capture
-/// reads a few words per frame instead of evaluating its rule.
-#[derive(Default)]
-struct Memo {
-    /// The snapshot the walk used (its rules and its judgement of known code).
-    snap: usize,
-    frames: Vec<Walked>,
-    /// Stack words read, in order: frame `i` read `reads[frames[i].reads..frames[i + 1].reads]`.
-    reads: Vec<(u64, u64)>,
-    /// The walk stopped at the frame limit (and could go on from its last frame).
-    at_max: bool,
-    /// That limit.
-    max: usize,
-    /// The frames the walk returned.
-    result: Vec<u64>,
-    /// The walk had stop frames: a memo is only used by walks of the same kind, whose ends
-    /// (a stop frame, the stack's end, unknown code) are then the same.
-    with_stop: bool,
-    /// Indices in `reads` of saved-rbp slots whose value the rest of the walk never uses (see
-    /// `Walked::free`), ascending: not checked, so a caller's changing rbp does not end the hit.
-    dead: Vec<u32>,
-}
-
-#[derive(Clone, Copy)]
-struct Walked {
-    addr: FrameAddress,
-    sp: u64,
-    /// Exact unless `free` (then it may be an older walk's: no outcome depends on it).
-    bp: u64,
-    /// Start of the words read to unwind this frame.
-    reads: u32,
-    /// What unwinding this frame did with rbp.
-    bp_use: BpUse,
-    /// No outcome of the walk from this frame depends on its rbp: rbp is carried through frames
-    /// whose rules ignore it, up to a frame that restores it from the stack, or to a walk's end
-    /// reached without unwinding. Such a frame matches whatever its rbp.
-    free: bool,
-}
-
-/// How a frame's unwinding depends on rbp, found by unwinding it a second time with rbp (and the
-/// candidate saved-rbp word) poisoned: framehop does not show its rules.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum BpUse {
-    /// Not unwound (the walk's last frame).
-    None,
-    /// The caller's rbp is this frame's; nothing else depends on it.
-    Carries,
-    /// The caller's rbp is the word `reads[i]` (absolute index), used for nothing else; nothing
-    /// depends on this frame's rbp.
-    Restores(u32),
-    /// Anything else: the frame's outcome depends on its rbp.
-    Uses,
-}
 
 /// framehop's rule cache is direct-mapped with 509 slots (`address % 509`). PyTorch's stacks
 /// run through thousands of distinct return addresses per training step (every op has its own
@@ -179,7 +123,7 @@ struct PerThread {
     caches: Caches,
     /// For the poisoned second unwind of a frame whose rule missed `caches` (see `classify`).
     scratch: Box<CacheX86_64>,
-    memo: Memo,
+    memos: Memos,
     next: Memo,
     /// Not yet added to `WALKED` / `MISSED` (added in batches: no shared cache line per event).
     walked: u64,
@@ -203,9 +147,9 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
         .try_with(|c| {
             let mut c = c.try_borrow_mut().map_err(|_| Unavailable)?;
             let t = c.get_or_insert_with(|| {
-                Box::new(PerThread { caches: Caches::new(), scratch: Box::new(CacheX86_64::new()), memo: Memo::default(), next: Memo::default(), walked: 0, missed: 0 })
+                Box::new(PerThread { caches: Caches::new(), scratch: Box::new(CacheX86_64::new()), memos: Memos::new(), next: Memo::default(), walked: 0, missed: 0 })
             });
-            let PerThread { caches, scratch, memo, next, walked, missed } = &mut **t;
+            let PerThread { caches, scratch, memos, next, walked, missed } = &mut **t;
             'again: loop {
                 frames.clear();
                 next.frames.clear();
@@ -214,6 +158,19 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                 next.max = max;
                 next.with_stop = !stop.is_empty();
                 next.snap = snap as *const Snapshot as usize;
+                let t = crate::selftime::mark();
+                let want = Want { addr: FrameAddress::InstructionPointer(pc), sp, bp, snap: next.snap, with_stop: next.with_stop, max };
+                let pick = memos.pick(&want);
+                crate::selftime::add(crate::selftime::Sub::Memo, t);
+                let (slot, keep_in) = (pick.slot, pick.keep_in);
+                let was_last = memos.is_last(slot);
+                if pick.whole {
+                    frames.clone_from(&memos.get(slot).result);
+                    memos.reused(slot);
+                    flush_counts(walked, missed);
+                    return Ok(was_last);
+                }
+                let memo = memos.get(slot);
                 let mut memo_ok = memo.snap == next.snap && memo.with_stop == next.with_stop;
                 let in_stack = |a: u64| a >= lo && a <= hi.saturating_sub(8);
                 // The memo's words were read on this thread's stack, whose bounds never change:
@@ -229,15 +186,19 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                     let k = next.frames.len();
                     // The rest of the walk may be the previous one's.
                     if memo_ok {
-                        if let Some(j) = memo.find(k, addr, regs.sp(), regs.bp()) {
+                        let t = crate::selftime::mark();
+                        let found = memo.find(k, addr, regs.sp(), regs.bp());
+                        let checked = found.map(|j| (j, memo.still_holds(memo.frames[j].reads as usize)));
+                        crate::selftime::add(crate::selftime::Sub::Memo, t);
+                        if let Some((j, valid)) = checked {
                             let from = memo.frames[j].reads as usize;
-                            let valid = memo.still_holds(from);
                             if valid && same_as_memo && j == k && (!memo.at_max || memo.max == max) {
                                 // The whole walk is the previous one (ended where it ended, or
                                 // cut at the same limit): keep it as the memo.
                                 frames.clone_from(&memo.result);
+                                memos.reused(slot);
                                 flush_counts(walked, missed);
-                                return Ok(true);
+                                return Ok(was_last);
                             }
                             if valid {
                                 memo_ok = false; // one hit per walk: it covers the rest
@@ -341,7 +302,9 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                     let cache = caches.for_address(addr.address_for_lookup());
                     let hits = cache.stats().hit_count;
                     let before = regs;
+                    let t = crate::selftime::mark();
                     let unwound = snap.unwinder.unwind_frame(addr, &mut regs, cache, &mut read);
+                    let t = crate::selftime::add(crate::selftime::Sub::Rule, t);
                     *walked += 1;
                     let miss = cache.stats().hit_count == hits;
                     *missed += miss as u64;
@@ -351,6 +314,7 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                     // address, which every later walk would use. Poison only a scratch cache.
                     let poison_cache = if miss { &mut **scratch } else { cache };
                     let bp_use = classify(&snap.unwinder, addr, before, &regs, &unwound, &next.reads[r0..], r0, poison_cache);
+                    crate::selftime::add(crate::selftime::Sub::Classify, t);
                     if let Some(w) = next.frames.last_mut() {
                         w.bp_use = bp_use;
                     }
@@ -364,9 +328,11 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                 }
                 next.result.clone_from(frames);
                 next.seal();
-                std::mem::swap(memo, next);
+                memos.keep(keep_in, sp, next);
                 flush_counts(walked, missed);
-                return Ok(same_as_memo);
+                // The same frames as the memo's are the previous capture's only when the memo is
+                // the previous walk.
+                return Ok(same_as_memo && was_last);
             }
         })
         .map_err(|_| Unavailable)?
@@ -381,147 +347,6 @@ fn flush_counts(walked: &mut u64, missed: &mut u64) {
     }
 }
 
-/// How unwinding the frame at `addr` from `before` (giving `after` and `out`, reading `rec`,
-/// the words from index `r0` on) depends on rbp: the frame is unwound again with rbp poisoned
-/// and, where one word read holds the new rbp, that word poisoned differently. A frame whose
-/// outcome, other than rbp, and whose reads stay the same ignores rbp; its new rbp is then
-/// either the poisoned rbp (carried) or the poisoned word (restored).
-#[allow(clippy::too_many_arguments)]
-fn classify(
-    unwinder: &UnwinderX86_64<Mapped>,
-    addr: FrameAddress,
-    before: UnwindRegsX86_64,
-    after: &UnwindRegsX86_64,
-    out: &Result<Option<u64>, framehop::Error>,
-    rec: &[(u64, u64)],
-    r0: usize,
-    cache: &mut CacheX86_64,
-) -> BpUse {
-    const P: u64 = 0x5a5a_5a5a_5a5a_5a50;
-    const Q: u64 = 0x3c3c_3c3c_3c3c_3c30;
-    let bp_out = after.bp();
-    let mut holding = rec.iter().enumerate().filter(|(_, r)| r.1 == bp_out).map(|(i, _)| i);
-    let cand = match (holding.next(), holding.next()) {
-        (Some(i), None) if matches!(out, Ok(Some(_))) => Some(i),
-        _ => None,
-    };
-    let mut regs = UnwindRegsX86_64::new(before.ip(), before.sp(), before.bp() ^ P);
-    let (mut n, mut same) = (0, true);
-    let mut read = |a: u64| -> Result<u64, ()> {
-        match rec.get(n) {
-            Some(&(at, v)) if at == a => {
-                n += 1;
-                Ok(if cand == Some(n - 1) { v ^ Q } else { v })
-            }
-            _ => {
-                same = false;
-                Err(())
-            }
-        }
-    };
-    let poisoned = unwinder.unwind_frame(addr, &mut regs, cache, &mut read);
-    if !same || n != rec.len() {
-        return BpUse::Uses;
-    }
-    match (out, &poisoned) {
-        (Ok(Some(a)), Ok(Some(b))) if a == b && regs.sp() == after.sp() => {
-            if bp_out == before.bp() && regs.bp() == before.bp() ^ P {
-                BpUse::Carries
-            } else if cand.is_some() && regs.bp() == bp_out ^ Q {
-                BpUse::Restores((r0 + cand.unwrap_or(0)) as u32)
-            } else {
-                BpUse::Uses
-            }
-        }
-        // The walk ends here whatever rbp.
-        (Ok(None), Ok(None)) | (Err(_), Err(_)) => BpUse::Carries,
-        _ => BpUse::Uses,
-    }
-}
-
-impl Memo {
-    /// Whether every word read from `reads[from]` on still holds its value (the dead ones aside).
-    fn still_holds(&self, from: usize) -> bool {
-        let mut d = self.dead.partition_point(|&i| (i as usize) < from);
-        for (i, &(a, v)) in self.reads.iter().enumerate().skip(from) {
-            // SAFETY: `a..a+8` lies within this thread's mapped stack (`capture` read it there).
-            let now = unsafe { (a as *const u64).read_unaligned() };
-            if now != v {
-                while self.dead.get(d).is_some_and(|&x| (x as usize) < i) {
-                    d += 1;
-                }
-                if self.dead.get(d) != Some(&(i as u32)) {
-                    return false;
-                }
-            }
-        }
-        true
-    }
-
-    /// Marks which frames are `free` and which saved-rbp words are `dead`, from the outermost
-    /// frame in: nothing past the walk's end depends on anything, but a frame a later walk may
-    /// go on from (the last one of a walk cut at its limit) uses its rbp.
-    fn seal(&mut self) {
-        self.dead.clear();
-        let n = self.frames.len();
-        let mut outer_free = true;
-        for i in (0..n).rev() {
-            let w = &mut self.frames[i];
-            w.free = match w.bp_use {
-                BpUse::None => !(self.at_max && i + 1 == n),
-                BpUse::Carries => outer_free,
-                BpUse::Restores(r) => {
-                    if outer_free {
-                        self.dead.push(r);
-                    }
-                    true
-                }
-                BpUse::Uses => false,
-            };
-            outer_free = w.free;
-        }
-        self.dead.reverse();
-    }
-
-    /// Sets the rbp of `frames[from..]` to this stack's, `bp` being that of `frames[from]`
-    /// (copied from a memo whose free frames may hold an older walk's), and the saved-rbp words
-    /// on the way to what they hold now.
-    fn exact_bps(&mut self, from: usize, mut bp: u64) {
-        for i in from..self.frames.len() {
-            self.frames[i].bp = bp;
-            bp = match self.frames[i].bp_use {
-                BpUse::Carries => bp,
-                BpUse::Restores(r) => {
-                    let (a, _) = self.reads[r as usize];
-                    // SAFETY: `a..a+8` lies within this thread's mapped stack (it was read there).
-                    let v = unsafe { (a as *const u64).read_unaligned() };
-                    self.reads[r as usize].1 = v;
-                    v
-                }
-                BpUse::Uses | BpUse::None => match self.frames.get(i + 1) {
-                    Some(w) => w.bp,
-                    None => break,
-                },
-            };
-        }
-    }
-
-    /// The frame of this walk at the same (address, sp, bp), if any: sps grow outwards. Most
-    /// often the one at the same depth `k`.
-    fn find(&self, k: usize, addr: FrameAddress, sp: u64, bp: u64) -> Option<usize> {
-        if self.frames.get(k).is_some_and(|w| w.addr == addr && w.sp == sp && (w.bp == bp || w.free)) {
-            return Some(k);
-        }
-        let mut i = self.frames.partition_point(|w| w.sp < sp);
-        while let Some(w) = self.frames.get(i).filter(|w| w.sp == sp) {
-            if w.addr == addr && (w.bp == bp || w.free) {
-                return Some(i);
-            }
-            i += 1;
-        }
-        None
-    }
-}
 
 fn nowhere(snap: &Snapshot, addr: u64) -> bool {
     let id = snap as *const Snapshot as usize;

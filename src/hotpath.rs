@@ -19,10 +19,11 @@ use gpumemtrace_format::{event_flags, Op};
 use crate::cuda::{C10Device, Status, C10_CUDA, SUCCESS};
 use crate::guard::Guard;
 use crate::record::{RawEvent, Stack};
-use crate::{clock, resolve, thread, tracer, unwind};
+use crate::{clock, resolve, selftime, thread, tracer, unwind};
 
 /// A call of API number `api` (its index in the hook table) that allocates or frees (`op`).
 pub fn traced(api: u32, op: Op, call: impl FnOnce() -> Status, describe: impl FnOnce(Status) -> Option<Fields>) -> Status {
+    let entered = selftime::mark();
     let Some(_guard) = Guard::enter() else {
         return call();
     };
@@ -39,27 +40,55 @@ pub fn traced(api: u32, op: Op, call: impl FnOnce() -> Status, describe: impl Fn
             Ok(b) => before = b,
             Err(_) => tracer::disable("internal error while describing a free"),
         }
+        let calling = selftime::mark();
         let result = call();
+        let returned = selftime::mark();
         if let Some((fields, seq, time)) = before {
             if result == SUCCESS {
                 // A free needs no stack (the allocation's says what the memory was for), only the
                 // bit that says whether Python code freed it, as a block free. A failed free
                 // keeps its stacks: a report shows where the bad free came from.
                 report_panic(catch_unwind(AssertUnwindSafe(|| free_without_stack(api, fields, seq, time))));
+                count_bare(entered, calling, returned);
             } else {
                 guarded_record(api, result, fields, seq, time);
             }
         }
         return result;
     }
+    let calling = selftime::mark();
     let result = call();
+    let returned = selftime::mark();
     let recorded = catch_unwind(AssertUnwindSafe(|| {
         if let Some(fields) = describe(result) {
-            record(api, result, fields, clock::next_seq(), clock::now_ns());
+            let marks = record(api, result, fields, clock::next_seq(), clock::now_ns());
+            count_stacked(entered, calling, returned, marks);
         }
     }));
     report_panic(recorded);
     result
+}
+
+/// Self time of an event with stacks (see `selftime`): `marks` are `record`'s.
+fn count_stacked(entered: u64, calling: u64, returned: u64, (marks, python): ([u64; 4], bool)) {
+    if entered == 0 || marks[0] == 0 {
+        return;
+    }
+    let kind = if python { selftime::Kind::Python } else { selftime::Kind::Native };
+    let end = selftime::mark();
+    let [py, native, hand_off, _] = selftime::spans(marks);
+    let after = end.saturating_sub(returned);
+    let other = after.saturating_sub(py + native + hand_off);
+    selftime::count(kind, [calling.saturating_sub(entered), py, native, hand_off, other]);
+}
+
+/// Self time of an event without stacks: all of it after the call is the hand-off.
+fn count_bare(entered: u64, calling: u64, returned: u64) {
+    if entered == 0 {
+        return;
+    }
+    let end = selftime::mark();
+    selftime::count(selftime::Kind::Bare, [calling.saturating_sub(entered), 0, 0, end.saturating_sub(returned), 0]);
 }
 
 /// A caching allocator's report of one block (`table`'s `reports`): `size` > 0 hands the block
@@ -67,6 +96,7 @@ pub fn traced(api: u32, op: Op, call: impl FnOnce() -> Status, describe: impl Fn
 /// as API number `apis.0` (allocation) or `apis.1` (free); `forward` always runs, with the
 /// caller's exact arguments.
 pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: Option<(u64, u64)>, forward: impl FnOnce()) {
+    let entered = selftime::mark();
     let Some(_guard) = Guard::enter() else {
         return forward();
     };
@@ -90,21 +120,27 @@ pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: O
             let flags = if crate::python::has_frames() { event_flags::PYTHON } else { 0 };
             (seq, time, flags)
         }));
+        let calling = selftime::mark();
         forward();
+        let returned = selftime::mark();
         match recorded {
             Ok((seq, time, flags)) => report_panic(catch_unwind(AssertUnwindSafe(|| {
                 if tracer::ensure_started() {
                     let device = fields.device.unwrap_or(-1);
                     tracer::submit(bare_event(apis.1, SUCCESS, fields, device, seq, time, flags));
+                    count_bare(entered, calling, returned);
                 }
             }))),
             Err(_) => tracer::disable("internal error while describing a block free"),
         }
         return;
     }
+    let calling = selftime::mark();
     forward();
+    let returned = selftime::mark();
     report_panic(catch_unwind(AssertUnwindSafe(|| {
-        record(apis.0, SUCCESS, fields, clock::next_seq(), clock::now_ns())
+        let marks = record(apis.0, SUCCESS, fields, clock::next_seq(), clock::now_ns());
+        count_stacked(entered, calling, returned, marks);
     })));
 }
 
@@ -142,7 +178,9 @@ fn bare_event(api: u32, result: Status, f: Fields, device: i32, seq: u64, time: 
 }
 
 fn guarded_record(api: u32, result: Status, f: Fields, seq: u64, time: u64) {
-    report_panic(catch_unwind(AssertUnwindSafe(|| record(api, result, f, seq, time))));
+    report_panic(catch_unwind(AssertUnwindSafe(|| {
+        record(api, result, f, seq, time);
+    })));
 }
 
 fn report_panic(recorded: std::thread::Result<()>) {
@@ -156,14 +194,18 @@ fn report_panic(recorded: std::thread::Result<()>) {
     }
 }
 
-fn record(api: u32, result: Status, f: Fields, seq: u64, time: u64) {
+/// Records the event; returns the self-time marks (see `selftime`) taken before the Python
+/// stack, the native stack, the hand-off and after it (all 0 when not measuring), and whether
+/// the event has a Python stack.
+fn record(api: u32, result: Status, f: Fields, seq: u64, time: u64) -> ([u64; 4], bool) {
     if !tracer::ensure_started() {
-        return;
+        return ([0; 4], false);
     }
     let device = match f.device {
         Some(d) => d,
         None => resolve::current_device(),
     };
+    let started = selftime::mark();
     // Python frames first: cheap, and they name the code objects the writer must describe.
     // Like native stacks, a Python stack crosses the channel once per thread; after that its key
     // alone (no allocation here, none freed on the writer's thread).
@@ -177,17 +219,15 @@ fn record(api: u32, result: Status, f: Fields, seq: u64, time: u64) {
     // With a Python stack, the native one ends where the interpreter begins (see
     // `Config::interpreter_frames`).
     let stop = if py_key != 0 && !tracer::interpreter_frames() { crate::python::interpreter_code() } else { &[] };
-    let event = RawEvent {
-        frames: unwind::capture(tracer::max_frames(), stop),
-        py,
-        py_key,
-        py_tstate,
-        ..bare_event(api, result, f, device, seq, time, flags)
-    };
+    let python_done = selftime::mark();
+    let frames = unwind::capture(tracer::max_frames(), stop);
+    let native_done = selftime::mark();
+    let event = RawEvent { frames, py, py_key, py_tstate, ..bare_event(api, result, f, device, seq, time, flags) };
     tracer::submit(event);
     if !known.is_empty() {
         crate::python::remember(&known);
     }
+    ([started, python_done, native_done, selftime::mark()], py_key != 0)
 }
 
 /// What a call did, as the table line describes it.

@@ -51,11 +51,14 @@ mod record;
 mod resolve;
 mod ring;
 mod routing;
+mod selftime;
 mod table;
 mod thread;
 mod tracer;
 mod unwind;
 mod writer;
+#[cfg(target_arch = "x86_64")]
+mod walkmemo;
 
 pub use gpumemtrace_format as format;
 

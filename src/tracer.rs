@@ -375,6 +375,7 @@ fn open(config: &Config) -> Result<Tracer, String> {
     INTERPRETER_FRAMES.store(config.interpreter_frames, SeqCst);
     crate::python::set_enabled(config.python);
     crate::unwind::set_backtrace(config.backtrace_unwinder);
+    crate::selftime::enable(config.self_time);
     let target = crate::output::target(config.output.as_deref(), std::process::id(), config.rank);
     let (file, path) =
         crate::output::create(&target, config.file_mode).map_err(|e| format!("cannot create trace file {}: {e}", target.display()))?;

@@ -546,6 +546,9 @@ impl Writer {
                 ));
             }
         }
+        if let Some(line) = crate::selftime::report() {
+            self.notice(&line);
+        }
         let waited = crate::ring::WAITED.load(std::sync::atomic::Ordering::Relaxed);
         if waited > 0 {
             self.notice(&format!("{waited} events waited for room in their thread's ring (the writer had fallen behind)"));

@@ -2,10 +2,13 @@
  * program, libunwind_a (-O2 -fomit-frame-pointer), libunwind_b (frame pointers), the emulated
  * runtime and driver, a library opened with dlopen (and reopened after dlclose), and a thread.
  * The program itself is built twice: prog_unwind_fp and prog_unwind_nofp.
- *   usage: prog_unwind                                                                       */
+ * With ROUNDS, the places of `work` are then visited ROUNDS times more, in turn (as a training
+ * step visits its ops): each round's stacks are the first round's.
+ *   usage: prog_unwind [ROUNDS]                                                              */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "cuda.h"
 #include "cuda_runtime_api.h"
@@ -71,7 +74,7 @@ static void *open_c(const char *dir)
 
 int main(int argc, char **argv)
 {
-    (void)argc;
+    int rounds = argc > 1 ? atoi(argv[1]) : 0;
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", argv[0]);
     char *slash = dir;
@@ -91,6 +94,7 @@ int main(int argc, char **argv)
     work(3);
     if (!open_c(dir)) return 1;
     work(4);
+    for (int i = 0; i < rounds; i++) work(5);
     printf("ok\n");
     return 0;
 }

@@ -1,0 +1,226 @@
+//! Self-measurement (`GPUMEMTRACE_SELF_TIME=1`): the time hooks add on the calling thread, by
+//! part, written at the end of the trace as a notice. A training loop's step time varies by
+//! ±10-15 % between identical runs on a shared host, far more than the tracer's cost; the
+//! tracer's own counts of what it added per event, and per part (Python stack, native stack,
+//! hand-off), are exact and need no untraced run beside them. Off by default: on, it reads the
+//! time-stamp counter up to seven times an event; the cost of one read is taken off each part.
+//!
+//! What it cannot see: the writer thread's work (on another core, unless cores are short) and
+//! what the hooks' memory traffic costs the host's code afterwards. Benchmarks against an
+//! untraced run measure those (docs/performance.md).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+/// Parts of a hook's added time, in the order a hook passes them: before the real call (a free
+/// is numbered and stamped first, and the event's fields), the Python stack, the native stack,
+/// the hand-off (encoding into the thread's ring, and waiting for room if it came to that), and
+/// everything else after the call (guards, device lookup, bookkeeping).
+const PARTS: usize = 5;
+const NAMES: [&str; PARTS] = ["before the call", "Python stack", "native stack", "hand-off", "other"];
+
+/// Events with a Python and a native stack, with a native stack alone (threads without Python,
+/// such as autograd's) and without stacks (frees) apart: their costs differ by design.
+#[derive(Clone, Copy)]
+pub enum Kind {
+    Python = 0,
+    Native = 1,
+    Bare = 2,
+}
+const KINDS: usize = 3;
+
+static ON: AtomicBool = AtomicBool::new(false);
+static START: (AtomicU64, AtomicU64) = (AtomicU64::new(0), AtomicU64::new(0));
+/// What reading the counter costs (the least of many back-to-back reads): each part is a span
+/// between two reads, so one read's cost is taken off each.
+static MARK_TICKS: AtomicU64 = AtomicU64::new(0);
+
+/// Log-linear buckets of an event's added ticks: 8 per power of two (within 9 % of the value).
+const SUB: usize = 8;
+const BUCKETS: usize = 64 * SUB;
+
+struct Totals {
+    events: AtomicU64,
+    parts: [AtomicU64; PARTS],
+    hist: [AtomicU64; BUCKETS],
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const ZERO: AtomicU64 = AtomicU64::new(0);
+#[allow(clippy::declare_interior_mutable_const)]
+const NONE_YET: Totals = Totals { events: ZERO, parts: [ZERO; PARTS], hist: [ZERO; BUCKETS] };
+static TOTALS: [Totals; KINDS] = [NONE_YET; KINDS];
+
+/// Parts of the native stack's time (src/fastunwind.rs): evaluating unwind rules, finding how a
+/// frame uses rbp (a second, poisoned evaluation), and checking the memo of the previous walk.
+#[derive(Clone, Copy)]
+pub enum Sub {
+    Rule = 0,
+    Classify = 1,
+    Memo = 2,
+}
+const SUBS: usize = 3;
+const SUB_NAMES: [&str; SUBS] = ["rules", "rbp use", "memo checks"];
+static SUB_TICKS: [AtomicU64; SUBS] = [ZERO; SUBS];
+static SUB_COUNTS: [AtomicU64; SUBS] = [ZERO; SUBS];
+
+/// Adds the time since `since` (a `mark`) to `sub`; returns the mark it took (0 when off).
+#[inline]
+pub fn add(sub: Sub, since: u64) -> u64 {
+    if since == 0 {
+        return 0;
+    }
+    let now = crate::clock::ticks();
+    SUB_TICKS[sub as usize].fetch_add(now.saturating_sub(since).saturating_sub(MARK_TICKS.load(Relaxed)), Relaxed);
+    SUB_COUNTS[sub as usize].fetch_add(1, Relaxed);
+    now
+}
+
+/// When tracing starts (from `Config`).
+pub fn enable(on: bool) {
+    if on {
+        let mut least = u64::MAX;
+        for _ in 0..1000 {
+            let a = crate::clock::ticks();
+            least = least.min(crate::clock::ticks().saturating_sub(a));
+        }
+        MARK_TICKS.store(least, Relaxed);
+        START.0.store(crate::clock::ticks(), Relaxed);
+        START.1.store(crate::clock::monotonic_ns(), Relaxed);
+    }
+    ON.store(on, Relaxed);
+}
+
+/// The counter now, or 0 when self-measurement is off (then nothing is counted).
+#[inline]
+pub fn mark() -> u64 {
+    if ON.load(Relaxed) {
+        crate::clock::ticks()
+    } else {
+        0
+    }
+}
+
+/// One event's parts (see `PARTS`), in ticks.
+pub fn count(kind: Kind, parts: [u64; PARTS]) {
+    if !ON.load(Relaxed) {
+        return;
+    }
+    let t = &TOTALS[kind as usize];
+    let read = MARK_TICKS.load(Relaxed);
+    let parts = parts.map(|p| p.saturating_sub(read));
+    let total: u64 = parts.iter().sum();
+    t.events.fetch_add(1, Relaxed);
+    for (slot, v) in t.parts.iter().zip(parts) {
+        slot.fetch_add(v, Relaxed);
+    }
+    t.hist[bucket(total)].fetch_add(1, Relaxed);
+}
+
+/// Durations between consecutive marks (0 where a mark was not taken).
+pub fn spans<const N: usize>(marks: [u64; N]) -> [u64; N] {
+    let mut out = [0; N];
+    for i in 1..N {
+        out[i - 1] = marks[i].saturating_sub(marks[i - 1]);
+    }
+    out
+}
+
+fn bucket(t: u64) -> usize {
+    if t < SUB as u64 {
+        return t as usize;
+    }
+    let log = 63 - t.leading_zeros() as usize; // >= 3
+    let sub = ((t >> (log - 3)) & (SUB as u64 - 1)) as usize;
+    (log * SUB + sub).min(BUCKETS - 1)
+}
+
+/// The smallest value of bucket `b` and the next bucket's: the value reported is their middle.
+fn bucket_middle(b: usize) -> f64 {
+    if b < SUB {
+        return b as f64;
+    }
+    let (log, sub) = (b / SUB, b % SUB);
+    let lo = ((SUB + sub) as f64) * 2f64.powi(log as i32 - 3);
+    lo * (1.0 + 0.5 / (SUB + sub) as f64)
+}
+
+/// The notice the writer puts at the end of the trace; `None` when off or nothing was counted.
+pub fn report() -> Option<String> {
+    if !ON.load(Relaxed) {
+        return None;
+    }
+    let (t1, n1) = (crate::clock::ticks(), crate::clock::monotonic_ns());
+    let (t0, n0) = (START.0.load(Relaxed), START.1.load(Relaxed));
+    if t1 <= t0 || n1 <= n0 {
+        return None;
+    }
+    let ns_per_tick = (n1 - n0) as f64 / (t1 - t0) as f64;
+    let mut lines = Vec::new();
+    for (kind, label) in [
+        (Kind::Python, "with Python and native stacks"),
+        (Kind::Native, "with a native stack only"),
+        (Kind::Bare, "without stacks (frees)"),
+    ] {
+        let t = &TOTALS[kind as usize];
+        let n = t.events.load(Relaxed);
+        if n == 0 {
+            continue;
+        }
+        let hist: Vec<u64> = t.hist.iter().map(|h| h.load(Relaxed)).collect();
+        let quantile = |q: f64| {
+            let want = ((n as f64) * q).ceil().max(1.0) as u64;
+            let mut seen = 0;
+            for (b, &c) in hist.iter().enumerate() {
+                seen += c;
+                if seen >= want {
+                    return bucket_middle(b) * ns_per_tick;
+                }
+            }
+            0.0
+        };
+        let parts: Vec<f64> = t.parts.iter().map(|p| p.load(Relaxed) as f64 * ns_per_tick / n as f64).collect();
+        let mean: f64 = parts.iter().sum();
+        let split = NAMES.iter().zip(&parts).map(|(name, v)| format!("{name} {v:.0}")).collect::<Vec<_>>().join(", ");
+        lines.push(format!(
+            "{n} events {label}: added per event median {:.0} ns, p90 {:.0}, p99 {:.0}, mean {mean:.0} ({split}); {:.3} ms in all",
+            quantile(0.5),
+            quantile(0.9),
+            quantile(0.99),
+            mean * n as f64 / 1e6
+        ));
+    }
+    let subs: Vec<String> = (0..SUBS)
+        .filter_map(|i| {
+            let (t, n) = (SUB_TICKS[i].load(Relaxed), SUB_COUNTS[i].load(Relaxed));
+            (n > 0).then(|| format!("{} {:.3} ms in {n} ({:.0} ns each)", SUB_NAMES[i], t as f64 * ns_per_tick / 1e6, t as f64 * ns_per_tick / n as f64))
+        })
+        .collect();
+    if !subs.is_empty() {
+        lines.push(format!("native stacks: {}", subs.join(", ")));
+    }
+    (!lines.is_empty()).then(|| format!("self time (GPUMEMTRACE_SELF_TIME): {}", lines.join("; ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_ordered_and_within_a_ninth_of_their_values() {
+        let mut last = 0;
+        for t in [0u64, 1, 7, 8, 9, 15, 16, 100, 1000, 12345, 1 << 40] {
+            let b = bucket(t);
+            assert!(b >= last, "{t}");
+            last = b;
+            if t >= 8 {
+                let mid = bucket_middle(b);
+                assert!((mid - t as f64).abs() <= t as f64 / 9.0, "{t} -> {mid}");
+            }
+        }
+    }
+
+    #[test]
+    fn spans_are_the_gaps_between_marks() {
+        assert_eq!(spans([10, 15, 15, 40]), [5, 0, 25, 0]);
+    }
+}
