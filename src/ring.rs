@@ -50,9 +50,17 @@ fn membarrier(cmd: libc::c_long) -> bool {
 pub struct Journal {
     base: *mut u8,
     len: usize,
+    /// Each ring's committed position as its producer last read it (process memory, a line per
+    /// ring): positions only grow, so room below it is known without reading the shared word,
+    /// whose cache line the writer takes away at every commit.
+    seen_done: Box<[Padded; RINGS]>,
     /// The file, or `None` for an anonymous mapping (no place for a file beside the trace).
     pub path: Option<PathBuf>,
 }
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Padded(AtomicU64);
 
 // SAFETY: the mapping is shared memory accessed through atomics (positions, owners, locks) and
 // through byte ranges that the protocol gives to one side at a time.
@@ -115,7 +123,7 @@ impl Journal {
             }
             return Err(e);
         }
-        let jn = Journal { base: base.cast(), len, path };
+        let jn = Journal { base: base.cast(), len, path, seen_done: Box::new(std::array::from_fn(|_| Padded::default())) };
         // Per process image and per fork (a child's memory is new): done by every tracer start.
         MEMBARRIER.store(membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED), SeqCst);
         jn.bytes(0, j::MAGIC);
@@ -241,9 +249,17 @@ impl Journal {
         let head_at = self.u64(Self::control(i, ring::HEAD));
         let done_at = self.u64(Self::control(i, ring::COMMITTED));
         let head = head_at.load(Relaxed); // only this producer moves it
+        let seen = &self.seen_done[i].0; // only this producer (or the shared ring's lock holder) uses it
         let mut tries = 0;
+        let mut done = seen.load(Relaxed);
         let done = loop {
-            let done = done_at.load(Acquire);
+            if head + total - done <= j::RING_BYTES {
+                break done;
+            }
+            // The Acquire load that saw a position made the writer's reads below it happen
+            // before this producer's writes there, now or on a later push.
+            done = done_at.load(Acquire);
+            seen.store(done, Relaxed);
             if head + total - done <= j::RING_BYTES {
                 break done;
             }
@@ -312,7 +328,12 @@ impl Journal {
     pub fn commit(&self, positions: &[u64; RINGS]) {
         let mut moved = false;
         for (i, &p) in positions.iter().enumerate() {
-            moved |= self.u64(Self::control(i, ring::COMMITTED)).swap(p, Release) != p;
+            // Unchanged positions are not written: a write takes the line from the producer.
+            let at = self.u64(Self::control(i, ring::COMMITTED));
+            if at.load(Relaxed) != p {
+                at.store(p, Release);
+                moved = true;
+            }
         }
         if moved {
             COMMITS.fetch_add(1, Release);

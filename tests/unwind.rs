@@ -113,3 +113,27 @@ fn places_visited_in_turn_are_unwound_by_rule_only_the_first_time() {
     let (w1, w201) = (frames_walked_by_rule(&one), frames_walked_by_rule(&many));
     assert!(w201 < w1 + 256, "{w1} frames by rule for 1 round, {w201} for 201");
 }
+
+#[test]
+fn self_time_counts_every_event_by_kind_and_splits_its_time_into_parts() {
+    let run = run_traced("prog_unwind_nofp", &["20"], &[("GPUMEMTRACE_SELF_TIME", "1")]);
+    let t = run.trace();
+    let note = t.notices.iter().find_map(|n| n.strip_prefix("self time (GPUMEMTRACE_SELF_TIME): ")).expect("a self-time notice");
+    let count = |label: &str| -> u64 {
+        let at = note.find(&format!(" events {label}:")).unwrap_or_else(|| panic!("no {label:?} in {note}"));
+        note[..at].rsplit(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+    };
+    let stacked = t.events.iter().filter(|e| e.stack != 0).count() as u64;
+    let bare = t.events.iter().filter(|e| e.stack == 0 && t.api(e).op == gpumemtrace_format::Op::Free).count() as u64;
+    assert!(stacked >= 100 && bare >= 100, "{stacked} {bare}");
+    // The call that started the tracer was not timed (the clock was not set up when it began).
+    assert_eq!(count("with a native stack only"), stacked - 1, "{note}");
+    assert_eq!(count("without stacks (frees)"), bare, "{note}");
+    for part in ["before the call", "Python stack", "native stack", "hand-off", "other"] {
+        assert!(note.contains(&format!("{part} ")), "{part} missing: {note}");
+    }
+    assert!(note.contains("native stacks: ") && note.contains("memo checks"), "{note}");
+    // Without the switch, no notice (and no clock reads on the hot path).
+    let plain = run_traced("prog_unwind_nofp", &["20"], &[]).trace();
+    assert!(!plain.notices.iter().any(|n| n.starts_with("self time")));
+}
