@@ -14,7 +14,8 @@
 //!   keeps the module map, encodes records with the format crate, writes the file).
 //! - Capture: [`python`] (the calling thread's CPython frames, read from interpreter memory
 //!   without the GIL) with [`pylayout`] (CPython's offsets per version), [`unwind`] and
-//!   [`fastunwind`] (native return addresses).
+//!   [`fastunwind`] (native return addresses) with [`walkmemo`] (the thread's recent walks).
+//! - Self-measurement: [`selftime`] (`GPUMEMTRACE_SELF_TIME=1`: what the hooks add, by part).
 //! - Data and small services, depending on nothing above: [`table`] (the one declarative list of
 //!   hooked functions, and their real functions), [`record`] (what the hooks hand to the writer),
 //!   [`clock`] (time, call order, tracer starts), [`thread`] (thread id and name), [`config`]
@@ -56,9 +57,9 @@ mod table;
 mod thread;
 mod tracer;
 mod unwind;
-mod writer;
 #[cfg(target_arch = "x86_64")]
 mod walkmemo;
+mod writer;
 
 pub use gpumemtrace_format as format;
 
