@@ -25,9 +25,9 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering:
 use std::sync::Mutex;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 
 use crate::walkmemo::{classify, BpUse, Memo, Memos, Walked, Want};
-use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 
 /// A byte range of a mapped object image.
 #[derive(Clone, Copy)]

@@ -276,7 +276,7 @@ impl Memos {
         let predicted = self.follows[self.last] as usize;
         let whole = [predicted, self.last]
             .into_iter()
-            .chain((0..WALKS).filter(|&i| self.first_sp[i] == w.sp))
+            .chain((0..WALKS).filter(|&i| i != predicted && i != self.last && self.first_sp[i] == w.sp))
             .find(|&i| self.takes_whole(i, w));
         match whole {
             Some(slot) => Pick { slot, whole: true, keep_in: slot },
