@@ -2,7 +2,9 @@
  * pairs (emulated driver, linked directly) from a call stack D frames deep, timing every call.
  * Prints one line: threads=.. pairs=.. depth=.. wall_ns=.. alloc_p50_ns=.. alloc_p99_ns=..
  * free_p50_ns=.. free_p99_ns=..
- *   usage: bench_alloc THREADS PAIRS DEPTH                                                    */
+ *   usage: bench_alloc THREADS PAIRS DEPTH
+ * BENCH_COLD_KB=N: between pairs, each thread writes a private N KiB buffer, a line at a time, so
+ * the tracer meets caches as a busy host (PyTorch between two block allocations) leaves them.  */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,7 @@
 #include "cuda.h"
 
 static int g_pairs, g_depth;
+static size_t g_cold; /* bytes each thread writes between pairs (BENCH_COLD_KB) */
 static unsigned long long *g_lat, *g_free_lat; /* latencies, per thread slices */
 
 static unsigned long long now_ns(void)
@@ -24,7 +27,9 @@ static unsigned long long now_ns(void)
 static void loop(unsigned long long *lat)
 {
     unsigned long long *free_lat = g_free_lat + (lat - g_lat);
+    volatile unsigned char *cold = g_cold ? malloc(g_cold) : NULL;
     for (int i = 0; i < g_pairs; i++) {
+        for (size_t b = 0; b < g_cold; b += 64) cold[b] = (unsigned char)i;
         CUdeviceptr p = 0;
         unsigned long long t0 = now_ns();
         CUresult r = cuMemAlloc(&p, 4096 + (i & 7) * 512);
@@ -72,6 +77,8 @@ int main(int argc, char **argv)
     int threads = argc > 1 ? atoi(argv[1]) : 1;
     g_pairs = argc > 2 ? atoi(argv[2]) : 100000;
     g_depth = argc > 3 ? atoi(argv[3]) : 0;
+    const char *cold_kb = getenv("BENCH_COLD_KB");
+    g_cold = cold_kb ? (size_t)atol(cold_kb) * 1024 : 0;
     if (cuInit(0) != CUDA_SUCCESS) return 1;
     g_lat = calloc((size_t)threads * g_pairs, sizeof *g_lat);
     g_free_lat = calloc((size_t)threads * g_pairs, sizeof *g_free_lat);
