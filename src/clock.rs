@@ -10,6 +10,8 @@
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::*};
 
+use crossbeam_utils::CachePadded;
+
 /// CLOCK_MONOTONIC, in nanoseconds.
 pub fn now_ns() -> u64 {
     if TSC.load(Relaxed) {
@@ -173,7 +175,10 @@ pub fn refine() {
 /// X back, and B's event may reach the channel first. So each event takes a number at the moment
 /// that orders it — a free before its real call, an allocation after its real call returned —
 /// and the writer writes events in that order.
-static SEQ: AtomicU64 = AtomicU64::new(0);
+///
+/// Every hook of every thread takes a number: the counter has cache lines of its own, or each
+/// increment would take away from other threads the lines of whatever the linker put beside it.
+static SEQ: CachePadded<AtomicU64> = CachePadded::new(AtomicU64::new(0));
 
 pub fn next_seq() -> u64 {
     SEQ.fetch_add(1, SeqCst)

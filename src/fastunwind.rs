@@ -132,10 +132,10 @@ struct PerThread {
 
 /// Return addresses of the current call stack, innermost first, starting at the first frame
 /// outside `skip` (the tracer's own segments), at most `max`, ending at the first frame inside
-/// `stop` (the interpreter, when its own stack replaces the rest). `Ok(true)` when the frames
-/// are exactly those of this thread's previous capture.
+/// `stop` (the interpreter, when its own stack replaces the rest). Also says whether the frames are
+/// exactly those of this thread's previous capture, and gives their key (`stackkey::hash`).
 #[inline(never)]
-pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(u64, u64)]) -> Result<bool, Unavailable> {
+pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(u64, u64)]) -> Result<(bool, u64), Unavailable> {
     let (pc, sp, bp) = registers();
     let (lo, hi) = stack_bounds().ok_or(Unavailable)?;
     if sp < lo || sp >= hi {
@@ -165,10 +165,12 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                 let (slot, keep_in) = (pick.slot, pick.keep_in);
                 let was_last = memos.is_last(slot);
                 if pick.whole {
-                    frames.clone_from(&memos.get(slot).result);
+                    let kept = memos.get(slot);
+                    frames.clone_from(&kept.result);
+                    let key = kept.key;
                     memos.reused(slot);
                     flush_counts(walked, missed);
-                    return Ok(was_last);
+                    return Ok((was_last, key));
                 }
                 let memo = memos.get(slot);
                 let mut memo_ok = memo.snap == next.snap && memo.with_stop == next.with_stop;
@@ -196,9 +198,10 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                                 // The whole walk is the previous one (ended where it ended, or
                                 // cut at the same limit): keep it as the memo.
                                 frames.clone_from(&memo.result);
+                                let key = memo.key;
                                 memos.reused(slot);
                                 flush_counts(walked, missed);
-                                return Ok(was_last);
+                                return Ok((was_last, key));
                             }
                             if valid {
                                 memo_ok = false; // one hit per walk: it covers the rest
@@ -327,12 +330,14 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                     }
                 }
                 next.result.clone_from(frames);
+                next.key = crate::stackkey::hash(frames);
                 next.seal();
+                let key = next.key;
                 memos.keep(keep_in, sp, next);
                 flush_counts(walked, missed);
                 // The same frames as the memo's are the previous capture's only when the memo is
                 // the previous walk.
-                return Ok(same_as_memo && was_last);
+                return Ok((same_as_memo && was_last, key));
             }
         })
         .map_err(|_| Unavailable)?

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
+
 /// How long a write waits for an output that takes nothing (a FIFO or socket nobody reads), and
 /// how long the start waits for a FIFO's reader: then the output is given up.
 pub const PATIENCE: Duration = Duration::from_secs(1);
@@ -35,16 +37,20 @@ fn now_ns() -> u64 {
 }
 
 /// When the write in progress began (ns of `CLOCK_MONOTONIC`; 0: none in progress), and the
-/// time all finished writes took.
-static WRITING_SINCE_NS: AtomicU64 = AtomicU64::new(0);
-static WRITTEN_NS: AtomicU64 = AtomicU64::new(0);
+/// time all finished writes took. The writer changes them at every write: their own cache lines,
+/// apart from what hooks read.
+struct Writes {
+    since_ns: AtomicU64,
+    total_ns: AtomicU64,
+}
+static WRITES: CachePadded<Writes> = CachePadded::new(Writes { since_ns: AtomicU64::new(0), total_ns: AtomicU64::new(0) });
 
 /// Time spent writing to the output so far, the write in progress included: a writer that
 /// spends most of its time there is held by its output (a slow disk, a pipe read slowly),
 /// not merely short of CPU.
 pub fn time_in_writes() -> Duration {
-    let done = WRITTEN_NS.load(Ordering::Relaxed);
-    let now = match WRITING_SINCE_NS.load(Ordering::Relaxed) {
+    let done = WRITES.total_ns.load(Ordering::Relaxed);
+    let now = match WRITES.since_ns.load(Ordering::Relaxed) {
         0 => 0,
         since => now_ns().saturating_sub(since),
     };
@@ -217,10 +223,10 @@ pub fn reopen(path: &Path) -> io::Result<File> {
 /// instead) and never waiting longer than `PATIENCE` for an output that takes nothing more.
 pub fn write_all(file: &File, buf: &[u8]) -> io::Result<()> {
     let t0 = now_ns();
-    WRITING_SINCE_NS.store(t0, Ordering::Relaxed);
+    WRITES.since_ns.store(t0, Ordering::Relaxed);
     let r = write_all_unwatched(file, buf);
-    WRITTEN_NS.fetch_add(now_ns().saturating_sub(t0), Ordering::Relaxed);
-    WRITING_SINCE_NS.store(0, Ordering::Relaxed);
+    WRITES.total_ns.fetch_add(now_ns().saturating_sub(t0), Ordering::Relaxed);
+    WRITES.since_ns.store(0, Ordering::Relaxed);
     r
 }
 

@@ -44,13 +44,13 @@ const MAX_LINETABLE: usize = 256 * 1024;
 /// Frame flag: the first frame its interpreter-loop invocation ran.
 pub const ENTRY: u8 = 1;
 
-/// 64-bit key of a Python stack (0 only for no frames), as the native stacks' (`unwind::hash`).
+/// 64-bit key of a Python stack (0 only for no frames), as the native stacks' (`stackkey::hash`).
 pub fn stack_key(frames: &[RawPyFrame]) -> u64 {
     if frames.is_empty() {
         return 0;
     }
     let words = frames.iter().flat_map(|f| [f.code, f.sig, (f.instr as u64) << 8 | f.flags as u64]);
-    crate::unwind::hash_words(3 * frames.len(), words)
+    crate::stackkey::hash_words(3 * frames.len(), words)
 }
 
 type GetTstate = unsafe extern "C" fn() -> *mut c_void;

@@ -13,6 +13,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 
+use crossbeam_utils::CachePadded;
 use gpumemtrace_format::journal::{self as j, header, ring};
 
 pub use j::RINGS;
@@ -28,7 +29,9 @@ pub static GIVEN_UP: AtomicU64 = AtomicU64::new(0);
 /// Hand-overs that found their ring full and waited (the writer had fallen behind).
 pub static WAITED: AtomicU64 = AtomicU64::new(0);
 /// Commits that gave producers space back: a waiting hook tells a slow writer from a stalled one.
-static COMMITS: AtomicU64 = AtomicU64::new(0);
+/// The writer bumps it at every commit: padded, so hooks reading their neighbours (the clock
+/// map, the epoch) do not lose the line each time.
+static COMMITS: CachePadded<AtomicU64> = CachePadded::new(AtomicU64::new(0));
 
 pub fn commits() -> u64 {
     COMMITS.load(Acquire)

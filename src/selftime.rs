@@ -11,6 +11,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
+use crossbeam_utils::CachePadded;
+
 /// Parts of a hook's added time, in the order a hook passes them: before the real call (a free
 /// is numbered and stamped first, and the event's fields), the Python stack, the native stack,
 /// the hand-off (encoding into the thread's ring, and waiting for room if it came to that), and
@@ -48,7 +50,11 @@ struct Totals {
 const ZERO: AtomicU64 = AtomicU64::new(0);
 #[allow(clippy::declare_interior_mutable_const)]
 const NONE_YET: Totals = Totals { events: ZERO, parts: [ZERO; PARTS], hist: [ZERO; BUCKETS] };
-static TOTALS: [Totals; KINDS] = [NONE_YET; KINDS];
+/// Hooks of every thread add to these: padded, so they do not share lines with what every hook
+/// reads (the clock's map, `ON`) and bias what they measure.
+#[allow(clippy::declare_interior_mutable_const)]
+const NONE_YET_PADDED: CachePadded<Totals> = CachePadded::new(NONE_YET);
+static TOTALS: [CachePadded<Totals>; KINDS] = [NONE_YET_PADDED; KINDS];
 
 /// Parts of the native stack's time (src/fastunwind.rs): evaluating unwind rules, finding how a
 /// frame uses rbp (a second, poisoned evaluation), and checking the memo of the previous walk.
@@ -60,8 +66,8 @@ pub enum Sub {
 }
 const SUBS: usize = 3;
 const SUB_NAMES: [&str; SUBS] = ["rules", "rbp use", "memo checks"];
-static SUB_TICKS: [AtomicU64; SUBS] = [ZERO; SUBS];
-static SUB_COUNTS: [AtomicU64; SUBS] = [ZERO; SUBS];
+static SUB_TICKS: CachePadded<[AtomicU64; SUBS]> = CachePadded::new([ZERO; SUBS]);
+static SUB_COUNTS: CachePadded<[AtomicU64; SUBS]> = CachePadded::new([ZERO; SUBS]);
 
 /// Adds the time since `since` (a `mark`) to `sub`; returns the mark it took (0 when off).
 #[inline]

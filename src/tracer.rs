@@ -251,13 +251,15 @@ fn push(t: &Tracer, ring: usize, msg: &Msg) {
         // CPU by the program's own threads), is not a stalled output. But a writer that spent
         // most of a second of waiting inside writes is held by its output (a slow disk, a pipe
         // read slowly): its commits do not count, or the host would run at the output's speed.
-        let (mut last_commit, mut seen, mut waiting) = (None, ring::commits(), None);
+        // The writer's commit count too is read only then: its line moves at every commit.
+        let (mut last_commit, mut seen, mut waiting) = (None, None, None);
         let after = t.journal.push(ring, payload, |tries| {
             let now = Instant::now();
             let c = ring::commits();
-            if c != seen {
-                (seen, last_commit) = (c, None);
+            if seen.is_some_and(|s| s != c) {
+                last_commit = None;
             }
+            seen = Some(c);
             let since = *last_commit.get_or_insert(now);
             let (began, writes_then) = *waiting.get_or_insert_with(|| (now, crate::output::time_in_writes()));
             let waited = now - began;
@@ -434,7 +436,12 @@ fn writer_loop() {
             let r = if w.rings_filling() { w.flush() } else { w.flush_if_due() };
             if n > 0 {
                 idle_sleep = WRITER_POLL;
-                STALLED.store(false, SeqCst); // the output moves again
+                // The output moves again. Stored only when set: the flag shares its cache line
+                // with what every hook reads (the state, the tracer), which a store would take
+                // away from them at every pass.
+                if STALLED.load(Relaxed) {
+                    STALLED.store(false, SeqCst);
+                }
             }
             r
         });

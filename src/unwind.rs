@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use once_cell::sync::OnceCell;
 
 use crate::record::Stack;
+use crate::stackkey::hash;
 
 /// Address range of this library's segments, to drop the tracer's own frames.
 static OURS: OnceCell<Vec<(u64, u64)>> = OnceCell::new();
@@ -66,8 +67,12 @@ pub fn capture(max: usize, stop: &[(u64, u64)]) -> Stack {
             p.seen.fill(0);
             p.epoch = epoch;
         }
-        let same = capture_into(&mut p.scratch, max, stop);
-        let key = if same && p.last_key != 0 { p.last_key } else { hash(&p.scratch) };
+        let (same, known) = capture_into(&mut p.scratch, max, stop);
+        let key = match known {
+            Some(k) => k,
+            None if same && p.last_key != 0 => p.last_key,
+            None => hash(&p.scratch),
+        };
         p.last_key = key;
         if key == 0 {
             return Some(Stack { key, frames: Vec::new() });
@@ -84,36 +89,9 @@ pub fn capture(max: usize, stop: &[(u64, u64)]) -> Stack {
         _ => {
             // Thread teardown (or reentry): no per-thread state, send everything.
             let mut frames = Vec::with_capacity(max);
-            capture_into(&mut frames, max, stop);
-            Stack { key: hash(&frames), frames }
+            let (_, known) = capture_into(&mut frames, max, stop);
+            Stack { key: known.unwrap_or_else(|| hash(&frames)), frames }
         }
-    }
-}
-
-/// 64-bit hash of a stack (0 only for no frames): a multiply-fold mix per frame.
-pub fn hash(frames: &[u64]) -> u64 {
-    hash_words(frames.len(), frames.iter().copied())
-}
-
-/// [`hash`] of `n` words given one by one (no buffer needed).
-pub fn hash_words(n: usize, words: impl IntoIterator<Item = u64>) -> u64 {
-    if n == 0 {
-        return 0;
-    }
-    const K: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mix = |a: u64, b: u64| {
-        let m = (a as u128).wrapping_mul(b as u128);
-        (m as u64) ^ ((m >> 64) as u64)
-    };
-    let mut h = n as u64 ^ 0x243F_6A88_85A3_08D3;
-    for f in words {
-        h = mix(h ^ f, K);
-    }
-    let h = mix(h, 0xD6E8_FEB8_6659_FD93);
-    if h == 0 {
-        1
-    } else {
-        h
     }
 }
 
@@ -121,14 +99,15 @@ pub fn hash_words(n: usize, words: impl IntoIterator<Item = u64>) -> u64 {
 /// a process where this happens often pays libgcc's price per event.
 pub static FALLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// Fills `frames`; true when they are exactly those of this thread's previous capture.
-fn capture_into(frames: &mut Vec<u64>, max: usize, stop: &[(u64, u64)]) -> bool {
+/// Fills `frames`; says whether they are exactly those of this thread's previous capture, and
+/// their key when the unwinder already knew it (a walk taken whole from memory).
+fn capture_into(frames: &mut Vec<u64>, max: usize, stop: &[(u64, u64)]) -> (bool, Option<u64>) {
     frames.clear();
     let ours = ours();
     #[cfg(target_arch = "x86_64")]
     if use_fast() {
-        if let Ok(same) = crate::fastunwind::capture(frames, max, ours, stop) {
-            return same;
+        if let Ok((same, key)) = crate::fastunwind::capture(frames, max, ours, stop) {
+            return (same, Some(key));
         }
         FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
@@ -151,5 +130,5 @@ fn capture_into(frames: &mut Vec<u64>, max: usize, stop: &[(u64, u64)]) -> bool 
             frames.len() < max && !stop.iter().any(|&(s, e)| ip >= s && ip < e)
         });
     }
-    false
+    (false, None)
 }

@@ -28,6 +28,9 @@ pub struct Memo {
     pub max: usize,
     /// The frames the walk returned.
     pub result: Vec<u64>,
+    /// Their key (`stackkey::hash`), made when the walk is kept: a walk taken whole from
+    /// memory is not hashed again.
+    pub key: u64,
     /// The walk had stop frames: a memo is only used by walks of the same kind, whose ends
     /// (a stop frame, the stack's end, unknown code) are then the same.
     pub with_stop: bool,
