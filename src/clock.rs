@@ -13,6 +13,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::*};
 use crossbeam_utils::CachePadded;
 
 /// CLOCK_MONOTONIC, in nanoseconds.
+#[link_section = ".text.hot.gpumemtrace"]
 pub fn now_ns() -> u64 {
     if TSC.load(Relaxed) {
         if let Some(ns) = tsc_ns(ticks()) {
@@ -55,6 +56,7 @@ static MULT: AtomicU64 = AtomicU64::new(0);
 static FIRST: (AtomicU64, AtomicU64) = (AtomicU64::new(0), AtomicU64::new(0));
 static LAST_REFIT_NS: AtomicU64 = AtomicU64::new(0);
 
+#[link_section = ".text.hot.gpumemtrace"]
 fn tsc_ns(t: u64) -> Option<u64> {
     for _ in 0..64 {
         let s = MAP_SEQ.load(Acquire);
@@ -180,6 +182,7 @@ pub fn refine() {
 /// increment would take away from other threads the lines of whatever the linker put beside it.
 static SEQ: CachePadded<AtomicU64> = CachePadded::new(AtomicU64::new(0));
 
+#[link_section = ".text.hot.gpumemtrace"]
 pub fn next_seq() -> u64 {
     SEQ.fetch_add(1, SeqCst)
 }

@@ -135,6 +135,7 @@ struct PerThread {
 /// `stop` (the interpreter, when its own stack replaces the rest). Also says whether the frames are
 /// exactly those of this thread's previous capture, and gives their key (`stackkey::hash`).
 #[inline(never)]
+#[link_section = ".text.hot.gpumemtrace"]
 pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(u64, u64)]) -> Result<(bool, u64), Unavailable> {
     let (pc, sp, bp) = registers();
     let (lo, hi) = stack_bounds().ok_or(Unavailable)?;
@@ -376,6 +377,7 @@ fn remember_nowhere(snap: &Snapshot, addr: u64) {
 
 /// The instruction pointer, stack pointer and frame pointer at one point of `capture`.
 #[inline(always)]
+#[link_section = ".text.hot.gpumemtrace"]
 fn registers() -> (u64, u64, u64) {
     let (pc, sp, bp): (u64, u64, u64);
     // SAFETY: reads three registers; touches no memory and leaves the stack as it is.
@@ -391,6 +393,7 @@ fn registers() -> (u64, u64, u64) {
     (pc, sp, bp)
 }
 
+#[link_section = ".text.hot.gpumemtrace"]
 fn stack_bounds() -> Option<(u64, u64)> {
     STACK
         .try_with(|s| {
@@ -421,6 +424,7 @@ fn stack_bounds() -> Option<(u64, u64)> {
 }
 
 /// In a forked child the thread's stack is the same; nothing to reset. After `exec` all is new.
+#[link_section = ".text.hot.gpumemtrace"]
 fn snapshot() -> Result<&'static Snapshot, Unavailable> {
     let p = SNAPSHOT.load(Acquire);
     if p.is_null() || STALE.load(Acquire) {

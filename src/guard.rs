@@ -17,6 +17,7 @@ pub struct Guard(());
 
 impl Guard {
     /// `None` when the thread is already inside a hook (or is the tracer's own writer thread).
+    #[link_section = ".text.hot.gpumemtrace"]
     pub fn enter() -> Option<Guard> {
         DEPTH
             .try_with(|d| {

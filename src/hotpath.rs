@@ -22,6 +22,8 @@ use crate::record::{RawEvent, Stack};
 use crate::{clock, resolve, selftime, thread, tracer, unwind};
 
 /// A call of API number `api` (its index in the hook table) that allocates or frees (`op`).
+// Not in the hot section: one copy per hooked function (some 30), most never called in a
+// given process; what it calls (`record`, `free_without_stack`) is.
 pub fn traced(api: u32, op: Op, call: impl FnOnce() -> Status, describe: impl FnOnce(Status) -> Option<Fields>) -> Status {
     let entered = selftime::mark();
     let Some(_guard) = Guard::enter() else {
@@ -70,6 +72,7 @@ pub fn traced(api: u32, op: Op, call: impl FnOnce() -> Status, describe: impl Fn
 }
 
 /// Self time of an event with stacks (see `selftime`): `marks` are `record`'s.
+#[link_section = ".text.hot.gpumemtrace"]
 fn count_stacked(entered: u64, calling: u64, returned: u64, (marks, python): ([u64; 4], bool)) {
     if entered == 0 || marks[0] == 0 {
         return;
@@ -83,6 +86,7 @@ fn count_stacked(entered: u64, calling: u64, returned: u64, (marks, python): ([u
 }
 
 /// Self time of an event without stacks: all of it after the call is the hand-off.
+#[link_section = ".text.hot.gpumemtrace"]
 fn count_bare(entered: u64, calling: u64, returned: u64) {
     if entered == 0 {
         return;
@@ -95,6 +99,7 @@ fn count_bare(entered: u64, calling: u64, returned: u64) {
 /// out, < 0 takes it back. Only GPU blocks are recorded (PyTorch reports CPU memory here too),
 /// as API number `apis.0` (allocation) or `apis.1` (free); `forward` always runs, with the
 /// caller's exact arguments.
+#[link_section = ".text.hot.gpumemtrace"]
 pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: Option<(u64, u64)>, forward: impl FnOnce()) {
     let entered = selftime::mark();
     let Some(_guard) = Guard::enter() else {
@@ -144,6 +149,7 @@ pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: O
     })));
 }
 
+#[link_section = ".text.hot.gpumemtrace"]
 fn free_without_stack(api: u32, f: Fields, seq: u64, time: u64) {
     if !tracer::ensure_started() {
         return;
@@ -197,6 +203,7 @@ fn report_panic(recorded: std::thread::Result<()>) {
 /// Records the event; returns the self-time marks (see `selftime`) taken before the Python
 /// stack, the native stack, the hand-off and after it (all 0 when not measuring), and whether
 /// the event has a Python stack.
+#[link_section = ".text.hot.gpumemtrace"]
 fn record(api: u32, result: Status, f: Fields, seq: u64, time: u64) -> ([u64; 4], bool) {
     if !tracer::ensure_started() {
         return ([0; 4], false);
@@ -319,6 +326,7 @@ thread_local! {
 }
 
 /// Whether this thread already sent the Python stack `key` (and marks it sent).
+#[link_section = ".text.hot.gpumemtrace"]
 fn py_stack_sent(key: u64) -> bool {
     let epoch = clock::epoch();
     PY_SENT

@@ -45,6 +45,7 @@ const MAX_LINETABLE: usize = 256 * 1024;
 pub const ENTRY: u8 = 1;
 
 /// 64-bit key of a Python stack (0 only for no frames), as the native stacks' (`stackkey::hash`).
+#[link_section = ".text.hot.gpumemtrace"]
 pub fn stack_key(frames: &[RawPyFrame]) -> u64 {
     if frames.is_empty() {
         return 0;
@@ -117,6 +118,7 @@ fn sym(name: &CStr) -> *mut c_void {
 
 /// The interpreter, if one is loaded and supported. Cheap after the first answer; while no
 /// interpreter is found, looks again at most once a second (`now_ns`: the event's time).
+#[link_section = ".text.hot.gpumemtrace"]
 fn interp(now_ns: u64) -> Option<&'static Interp> {
     match STATE.load(Acquire) {
         READY => return INTERP.get(),
@@ -222,6 +224,7 @@ thread_local! {
 
 /// The calling thread's Python stack, or `None` when no supported interpreter is running.
 /// `sent(key)` says whether this thread already sent the stack `key` to the writer.
+#[link_section = ".text.hot.gpumemtrace"]
 pub fn capture(now_ns: u64, sent: impl FnOnce(u64) -> bool) -> Option<Keyed> {
     if !ENABLED.load(Relaxed) {
         return None;
@@ -275,6 +278,7 @@ pub fn capture(now_ns: u64, sent: impl FnOnce(u64) -> bool) -> Option<Keyed> {
 
 /// Whether the calling thread is running Python code (has a current frame), at the cost of a
 /// few loads: what a free, which records no stack, says about its caller.
+#[link_section = ".text.hot.gpumemtrace"]
 pub fn has_frames() -> bool {
     if !ENABLED.load(Relaxed) {
         return false;
@@ -301,6 +305,7 @@ pub fn has_frames() -> bool {
 ///
 /// # Safety
 /// `tstate` must be the calling thread's live thread state of the detected interpreter.
+#[link_section = ".text.hot.gpumemtrace"]
 unsafe fn current_frame(l: &Layout, tstate: u64) -> u64 {
     // SAFETY: fields of the thread state (and its `_PyCFrame`, 3.11/3.12) at this version's
     // offsets; the `_PyCFrame` pointer is checked before it is followed.
@@ -317,6 +322,7 @@ unsafe fn current_frame(l: &Layout, tstate: u64) -> u64 {
 ///
 /// # Safety
 /// `tstate` must be the calling thread's thread state of the detected interpreter.
+#[link_section = ".text.hot.gpumemtrace"]
 unsafe fn walk(interp: &Interp, tstate: u64, out: &mut PyCapture, prev: &[RawPyFrame]) {
     let l = &interp.layout;
     // SAFETY (whole function): every address read is a field of an object reached from the
@@ -383,6 +389,7 @@ unsafe fn walk(interp: &Interp, tstate: u64, out: &mut PyCapture, prev: &[RawPyF
 ///
 /// # Safety
 /// `code` must be a live code object.
+#[link_section = ".text.hot.gpumemtrace"]
 unsafe fn signature(l: &Layout, code: u64) -> u64 {
     // SAFETY: fields of a live code object.
     let (name, file, table, line) = unsafe {
@@ -494,6 +501,7 @@ fn slot(code: u64) -> usize {
     ((code >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize % CACHE
 }
 
+#[link_section = ".text.hot.gpumemtrace"]
 fn cache_has(code: u64, sig: u64) -> bool {
     let i = slot(code);
     KEYS[i].load(Acquire) == code && SIGS[i].load(Acquire) == sig

@@ -150,6 +150,7 @@ impl Journal {
     }
 
     /// Copies `src` into the mapping at `off`.
+    #[link_section = ".text.hot.gpumemtrace"]
     fn bytes(&self, off: u64, src: &[u8]) {
         assert!(off as usize + src.len() <= self.len);
         // SAFETY: inside the mapping; the protocol gives this range to the caller alone.
@@ -185,6 +186,7 @@ impl Journal {
     /// visible to `any_busy` before anything the caller reads afterwards (the tracer's state).
     /// The mark is the owner's own cache line: no line shared between threads. Returns what
     /// `leave` restores (a signal handler's nested call finds the outer call's mark).
+    #[link_section = ".text.hot.gpumemtrace"]
     pub fn enter(&self, i: usize) -> u32 {
         let b = self.busy(i);
         if MEMBARRIER.load(Relaxed) {
@@ -197,6 +199,7 @@ impl Journal {
         }
     }
 
+    #[link_section = ".text.hot.gpumemtrace"]
     pub fn leave(&self, i: usize, before: u32) {
         self.busy(i).store(before, Release);
     }
@@ -227,6 +230,7 @@ impl Journal {
     /// Appends one entry to ring `i` (the caller's own, or `SHARED`). While the ring has no
     /// room, `wait` is called; when it says to give up, the entry is not written and `None` is
     /// returned. Else the ring's fill after the entry.
+    #[link_section = ".text.hot.gpumemtrace"]
     pub fn push(&self, i: usize, payload: &[u8], mut wait: impl FnMut(u32) -> bool) -> Option<u64> {
         debug_assert!(payload.len() + j::FRAME as usize <= j::MAX_ENTRY);
         let lock = self.u32(Self::control(i, ring::LOCK));
@@ -247,6 +251,7 @@ impl Journal {
         r
     }
 
+    #[link_section = ".text.hot.gpumemtrace"]
     fn push_owned(&self, i: usize, payload: &[u8], wait: &mut impl FnMut(u32) -> bool) -> Option<u64> {
         let total = j::entry_bytes(payload.len());
         let head_at = self.u64(Self::control(i, ring::HEAD));
@@ -285,6 +290,7 @@ impl Journal {
     }
 
     /// Writes `src` at ring position `pos`, wrapping around the ring's end.
+    #[link_section = ".text.hot.gpumemtrace"]
     fn ring_write(&self, i: usize, pos: u64, src: &[u8]) {
         let data = j::ring_offset(i) + j::RING_CONTROL;
         j::pieces(pos, src.len(), |at, r| self.bytes(data + at, &src[r]));

@@ -10,6 +10,7 @@ thread_local! {
 
 /// The thread's name (`prctl(PR_GET_NAME)`), on its first event only: read here because the
 /// thread may be gone by the time the writer gets to it.
+#[link_section = ".text.hot.gpumemtrace"]
 pub fn first_event_name() -> Option<String> {
     if NAMED.try_with(|n| n.replace(true)).unwrap_or(true) {
         return None;
@@ -24,6 +25,7 @@ pub fn first_event_name() -> Option<String> {
 }
 
 /// The kernel thread id, cached per thread (reset in a forked child).
+#[link_section = ".text.hot.gpumemtrace"]
 pub fn thread_id() -> u32 {
     TID.try_with(|t| {
         let v = t.get();

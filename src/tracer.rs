@@ -82,6 +82,7 @@ static FLUSH_REQUESTED: AtomicU64 = AtomicU64::new(0);
 static FLUSH_DONE: AtomicU64 = AtomicU64::new(0);
 static FATAL_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
+#[link_section = ".text.hot.gpumemtrace"]
 pub fn is_off() -> bool {
     STATE.load(SeqCst) == OFF
 }
@@ -97,6 +98,7 @@ pub fn interpreter_frames() -> bool {
     INTERPRETER_FRAMES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+#[link_section = ".text.hot.gpumemtrace"]
 fn tracer() -> Option<&'static Tracer> {
     let p = TRACER.load(SeqCst);
     // SAFETY: TRACER is null or a leaked Box that is never freed.
@@ -123,6 +125,7 @@ pub fn disable(why: &str) {
 }
 
 /// Starts the tracer on the process's first allocation call; false if tracing is off.
+#[link_section = ".text.hot.gpumemtrace"]
 pub fn ensure_started() -> bool {
     if matches!(STATE.load(SeqCst), UNINIT | STARTING) {
         start();
@@ -131,6 +134,7 @@ pub fn ensure_started() -> bool {
 }
 
 /// Hands an event to the writer.
+#[link_section = ".text.hot.gpumemtrace"]
 pub fn submit(ev: RawEvent) {
     // Counted only when a test asks for it: no shared counter on the hot path.
     let panic_at = TEST_PANIC_AT.load(Relaxed);
@@ -182,6 +186,7 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+#[link_section = ".text.hot.gpumemtrace"]
 fn my_ring(t: &Tracer) -> usize {
     let epoch = crate::clock::epoch();
     CLAIM
@@ -215,6 +220,7 @@ fn wait_for_doorbell(seen: u32, timeout: Duration) {
     };
 }
 
+#[link_section = ".text.hot.gpumemtrace"]
 fn send(msg: Msg) {
     let Some(t) = tracer() else { return };
     let ring = my_ring(t);
@@ -243,6 +249,7 @@ fn catch_unwind_silent<R>(f: impl FnOnce() -> R) -> Option<R> {
 }
 
 /// Puts the message into the calling thread's ring, waiting (bounded) while the ring is full.
+#[link_section = ".text.hot.gpumemtrace"]
 fn push(t: &Tracer, ring: usize, msg: &Msg) {
     let mut local = Vec::new();
     let put = |payload: &[u8]| {
@@ -331,6 +338,9 @@ fn write_direct(t: &Tracer) {
     }
 }
 
+// Once a process: kept out of `ensure_started`, which every event calls.
+#[cold]
+#[inline(never)]
 fn start() {
     if STATE.compare_exchange(UNINIT, STARTING, SeqCst, SeqCst).is_err() {
         // Another thread is starting the tracer: wait for it (it takes well under a second).

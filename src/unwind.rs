@@ -55,6 +55,7 @@ thread_local! {
 
 /// Up to `max` caller frames of the current call, ending at the first frame inside `stop`,
 /// interned per thread.
+#[link_section = ".text.hot.gpumemtrace"]
 pub fn capture(max: usize, stop: &[(u64, u64)]) -> Stack {
     if max == 0 {
         return Stack { key: 0, frames: Vec::new() };
@@ -101,6 +102,7 @@ pub static FALLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 
 /// Fills `frames`; says whether they are exactly those of this thread's previous capture, and
 /// their key when the unwinder already knew it (a walk taken whole from memory).
+#[link_section = ".text.hot.gpumemtrace"]
 fn capture_into(frames: &mut Vec<u64>, max: usize, stop: &[(u64, u64)]) -> (bool, Option<u64>) {
     frames.clear();
     let ours = ours();

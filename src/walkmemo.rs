@@ -130,6 +130,7 @@ pub fn classify<D: Deref<Target = [u8]>>(
 
 impl Memo {
     /// Whether every word read from `reads[from]` on still holds its value (the dead ones aside).
+    #[link_section = ".text.hot.gpumemtrace"]
     pub fn still_holds(&self, from: usize) -> bool {
         let mut d = self.dead.partition_point(|&i| (i as usize) < from);
         for (i, &(a, v)) in self.reads.iter().enumerate().skip(from) {
@@ -197,6 +198,7 @@ impl Memo {
 
     /// The frame of this walk at the same (address, sp, bp), if any: sps grow outwards. Most
     /// often the one at the same depth `k`.
+    #[link_section = ".text.hot.gpumemtrace"]
     pub fn find(&self, k: usize, addr: FrameAddress, sp: u64, bp: u64) -> Option<usize> {
         if self.frames.get(k).is_some_and(|w| w.addr == addr && w.sp == sp && (w.bp == bp || w.free)) {
             return Some(k);
@@ -265,6 +267,8 @@ impl Memos {
         }
     }
 
+    #[inline(never)] // out of `pick`'s closure, which would land outside the hot section
+    #[link_section = ".text.hot.gpumemtrace"]
     fn takes_whole(&self, i: usize, w: &Want) -> bool {
         let m = &self.walks[i];
         self.first_sp[i] == w.sp
@@ -275,6 +279,7 @@ impl Memos {
             && m.still_holds(0)
     }
 
+    #[link_section = ".text.hot.gpumemtrace"]
     pub fn pick(&self, w: &Want) -> Pick {
         let predicted = self.follows[self.last] as usize;
         let whole = [predicted, self.last]
@@ -300,6 +305,7 @@ impl Memos {
     }
 
     /// The walk in `slot` was taken whole.
+    #[link_section = ".text.hot.gpumemtrace"]
     pub fn reused(&mut self, slot: usize) {
         self.touch(slot);
     }
@@ -312,6 +318,7 @@ impl Memos {
         self.touch(slot);
     }
 
+    #[link_section = ".text.hot.gpumemtrace"]
     fn touch(&mut self, slot: usize) {
         self.now += 1;
         self.used[slot] = self.now;

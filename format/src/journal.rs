@@ -88,6 +88,7 @@ pub fn path_for(trace: &Path) -> PathBuf {
 
 /// Where `len` bytes at ring position `pos` lie: `each(offset in the ring's data, range of the
 /// bytes)`, twice when they wrap around the ring's end.
+#[link_section = ".text.hot.gpumemtrace"]
 pub fn pieces(pos: u64, len: usize, mut each: impl FnMut(u64, std::ops::Range<usize>)) {
     let mut off = 0;
     while off < len {
@@ -130,6 +131,7 @@ pub const MAX_PAYLOAD: usize = MAX_ENTRY - FRAME as usize;
 /// (if any, in as many entries as they need), then the message itself (without them). Fields
 /// too long for an entry are cut: a thread or phase name to 4 KiB (marked as cut), a code object's line table
 /// left out (its lines then read as its first line), a Python stack to the frames that fit.
+#[link_section = ".text.hot.gpumemtrace"]
 pub fn encode_each(msg: &Msg, buf: &mut Vec<u8>, mut each: impl FnMut(&[u8])) {
     if let Msg::Event(RawEvent { py: Some(py), .. }) = msg {
         let mut i = 0;
@@ -240,6 +242,7 @@ impl Put<'_> {
     }
 }
 
+#[link_section = ".text.hot.gpumemtrace"]
 fn put_event(e: &RawEvent, o: &mut Vec<u8>) {
     use present as p;
     // Native stacks are bounded by the format (MAX_FRAMES: 8 KiB).
@@ -332,6 +335,7 @@ fn put_event(e: &RawEvent, o: &mut Vec<u8>) {
     debug_assert_eq!(w.at, len);
 }
 
+#[link_section = ".text.hot.gpumemtrace"]
 fn put_msg(msg: &Msg, o: &mut Vec<u8>) {
     match msg {
         Msg::Event(e) => put_event(e, o),
