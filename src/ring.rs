@@ -24,6 +24,8 @@ pub const SHARED: usize = RINGS - 1;
 /// not keep up: a stalled disk, an unread FIFO). Then hooks stop waiting until the writer has
 /// made room again, so a stalled output costs the host at most this, once.
 pub const MAX_WAIT_MS: u64 = 1000;
+/// Largest payload `push_in_place` takes (a warm event is well under it: 35 to about 90 bytes).
+pub const IN_PLACE_MAX: usize = 256;
 /// Events given up that way.
 pub static GIVEN_UP: AtomicU64 = AtomicU64::new(0);
 /// Hand-overs that found their ring full and waited (the writer had fallen behind).
@@ -53,17 +55,9 @@ fn membarrier(cmd: libc::c_long) -> bool {
 pub struct Journal {
     base: *mut u8,
     len: usize,
-    /// Each ring's committed position as its producer last read it (process memory, a line per
-    /// ring): positions only grow, so room below it is known without reading the shared word,
-    /// whose cache line the writer takes away at every commit.
-    seen_done: Box<[Padded; RINGS]>,
     /// The file, or `None` for an anonymous mapping (no place for a file beside the trace).
     pub path: Option<PathBuf>,
 }
-
-#[repr(align(64))]
-#[derive(Default)]
-struct Padded(AtomicU64);
 
 // SAFETY: the mapping is shared memory accessed through atomics (positions, owners, locks) and
 // through byte ranges that the protocol gives to one side at a time.
@@ -126,7 +120,7 @@ impl Journal {
             }
             return Err(e);
         }
-        let jn = Journal { base: base.cast(), len, path, seen_done: Box::new(std::array::from_fn(|_| Padded::default())) };
+        let jn = Journal { base: base.cast(), len, path };
         // Per process image and per fork (a child's memory is new): done by every tracer start.
         MEMBARRIER.store(membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED), SeqCst);
         jn.bytes(0, j::MAGIC);
@@ -231,33 +225,70 @@ impl Journal {
     /// room, `wait` is called; when it says to give up, the entry is not written and `None` is
     /// returned. Else the ring's fill after the entry.
     #[link_section = ".text.hot.gpumemtrace"]
-    pub fn push(&self, i: usize, payload: &[u8], mut wait: impl FnMut(u32) -> bool) -> Option<u64> {
+    pub fn push(&self, i: usize, payload: &[u8], wait: impl FnMut(u32) -> bool) -> Option<u64> {
         debug_assert!(payload.len() + j::FRAME as usize <= j::MAX_ENTRY);
-        let lock = self.u32(Self::control(i, ring::LOCK));
-        if i == SHARED {
-            let mut n = 0;
-            while lock.compare_exchange_weak(0, 1, Acquire, Relaxed).is_err() {
-                n += 1;
-                if n % 64 == 0 {
-                    std::thread::yield_now();
+        self.locked(i, || self.push_owned(i, payload.len(), wait, |pos| self.ring_write(i, pos, payload)))
+    }
+
+    /// As `push`, for a payload of `len` bytes (at most `IN_PLACE_MAX`) that `fill` writes:
+    /// straight into the ring where it does not wrap around the ring's end (no buffer in
+    /// between, whose cache lines a cold hook would pay for), else through one on the stack.
+    #[link_section = ".text.hot.gpumemtrace"]
+    pub fn push_in_place(&self, i: usize, len: usize, wait: impl FnMut(u32) -> bool, fill: impl FnOnce(&mut [u8])) -> Option<u64> {
+        assert!(len <= IN_PLACE_MAX);
+        self.locked(i, || {
+            self.push_owned(i, len, wait, |pos| {
+                let data = j::ring_offset(i) + j::RING_CONTROL;
+                let at = pos % j::RING_BYTES;
+                if at + len as u64 <= j::RING_BYTES {
+                    let off = (data + at) as usize;
+                    assert!(off + len <= self.len);
+                    // SAFETY: inside ring `i`'s data, in the range `push_owned` found free: the
+                    // writer reads it only after the head moves past it, so for now this
+                    // producer (or the shared ring's lock holder) alone touches these bytes.
+                    fill(unsafe { std::slice::from_raw_parts_mut(self.base.add(off), len) });
+                } else {
+                    let mut buf = [0u8; IN_PLACE_MAX];
+                    fill(&mut buf[..len]);
+                    self.ring_write(i, pos, &buf[..len]);
                 }
-                std::hint::spin_loop();
+            })
+        })
+    }
+
+    /// Runs `f` holding ring `i`'s lock if it is the shared one.
+    #[inline(always)]
+    fn locked<R>(&self, i: usize, f: impl FnOnce() -> R) -> R {
+        if i != SHARED {
+            return f();
+        }
+        let lock = self.u32(Self::control(i, ring::LOCK));
+        let mut n = 0;
+        while lock.compare_exchange_weak(0, 1, Acquire, Relaxed).is_err() {
+            n += 1;
+            if n % 64 == 0 {
+                std::thread::yield_now();
             }
+            std::hint::spin_loop();
         }
-        let r = self.push_owned(i, payload, &mut wait);
-        if i == SHARED {
-            lock.store(0, Release);
-        }
+        let r = f();
+        lock.store(0, Release);
         r
     }
 
-    #[link_section = ".text.hot.gpumemtrace"]
-    fn push_owned(&self, i: usize, payload: &[u8], wait: &mut impl FnMut(u32) -> bool) -> Option<u64> {
-        let total = j::entry_bytes(payload.len());
+    /// Finds room for an entry of `len` payload bytes (waiting as `wait` says), has `write`
+    /// put the payload at its ring position, frames it and publishes it.
+    #[inline(always)]
+    fn push_owned(&self, i: usize, len: usize, mut wait: impl FnMut(u32) -> bool, write: impl FnOnce(u64)) -> Option<u64> {
+        let total = j::entry_bytes(len);
         let head_at = self.u64(Self::control(i, ring::HEAD));
         let done_at = self.u64(Self::control(i, ring::COMMITTED));
         let head = head_at.load(Relaxed); // only this producer moves it
-        let seen = &self.seen_done[i].0; // only this producer (or the shared ring's lock holder) uses it
+        // The committed position as this producer last read it, on the line of its head: positions
+        // only grow, so room below it is known without reading the writer's word, whose line
+        // the writer takes away at every commit. Only this producer (or the shared ring's lock
+        // holder) uses it.
+        let seen = self.u64(Self::control(i, ring::SEEN));
         let mut tries = 0;
         let mut done = seen.load(Relaxed);
         let done = loop {
@@ -279,12 +310,12 @@ impl Journal {
             }
             tries += 1;
         };
-        let len = payload.len() as u32;
+        let len = len as u32;
         let mut frame = [0u8; j::FRAME as usize];
         frame[..4].copy_from_slice(&len.to_le_bytes());
         frame[4..].copy_from_slice(&(!len).to_le_bytes());
         self.ring_write(i, head, &frame);
-        self.ring_write(i, head + j::FRAME, payload);
+        write(head + j::FRAME);
         head_at.store(head + total, Release);
         Some(head + total - done)
     }
@@ -440,6 +471,61 @@ mod tests {
         jn.remove_file();
         assert!(!j::path_for(&trace).exists());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn events_written_in_place_read_back_whole_also_where_they_wrap_around_the_ring_end() {
+        use gpumemtrace_format::raw::{RawEvent, Stack};
+        let jn = Journal::create(Path::new("/nonexistent/t.trace"), 0o600, true).unwrap();
+        let me = jn.claim(7);
+        // Sizes from a bare free (35 bytes) up to a thread's first event with its name, so
+        // that payloads end, and begin, at every offset around the ring's end.
+        let event = |n: u64| RawEvent {
+            seq: n,
+            api: 3,
+            time_ns: 1000 + n,
+            tid: 7,
+            result: 0,
+            device: (n % 3) as i32,
+            addr: 0x7f00_0000 + n * 512,
+            size: n % 5 * 512,
+            stream: 0,
+            extra: 0,
+            total_allocated: n % 7 * 4096,
+            total_reserved: n % 2 * (2 << 20),
+            flags: (n % 2) as u32,
+            frames: Stack { key: n % 11, frames: vec![] },
+            py: None,
+            py_key: n % 13,
+            py_tstate: n % 2 == 0,
+            thread_name: (n % 17 == 0).then(|| "t".repeat((n % 90) as usize)),
+        };
+        let (mut pos, mut got, mut wrapped) = (0u64, 0u64, 0);
+        for n in 0..40_000u64 {
+            let e = event(n);
+            let plan = j::plan_event(&e);
+            assert!(plan.len() <= IN_PLACE_MAX);
+            let head = jn.u64(Journal::control(me, ring::HEAD)).load(Relaxed);
+            let at = (head + j::FRAME) % j::RING_BYTES;
+            wrapped += (at + plan.len() as u64 > j::RING_BYTES) as usize;
+            let r = jn.push_in_place(me, plan.len(), |_| {
+                pos = jn.take(me, pos, |_, bytes| {
+                    assert_eq!(j::decode(bytes).unwrap(), j::Entry::Msg(Msg::Event(event(got))));
+                    got += 1;
+                });
+                let mut all = [0u64; RINGS];
+                all[me] = pos;
+                jn.commit(&all);
+                true
+            }, |dst| j::write_event(&e, &plan, dst));
+            assert!(r.is_some());
+        }
+        jn.take(me, pos, |_, bytes| {
+            assert_eq!(j::decode(bytes).unwrap(), j::Entry::Msg(Msg::Event(event(got))));
+            got += 1;
+        });
+        assert_eq!(got, 40_000);
+        assert!(wrapped > 0, "some payloads wrap around the ring's end");
     }
 
     #[test]

@@ -251,41 +251,19 @@ fn catch_unwind_silent<R>(f: impl FnOnce() -> R) -> Option<R> {
 /// Puts the message into the calling thread's ring, waiting (bounded) while the ring is full.
 #[link_section = ".text.hot.gpumemtrace"]
 fn push(t: &Tracer, ring: usize, msg: &Msg) {
-    let mut local = Vec::new();
-    let put = |payload: &[u8]| {
-        // The clock is read only once the ring turns out full: not on the hot path. The wait is
-        // bounded by time without progress: a writer that commits, however slowly (starved of
-        // CPU by the program's own threads), is not a stalled output. But a writer that spent
-        // most of a second of waiting inside writes is held by its output (a slow disk, a pipe
-        // read slowly): its commits do not count, or the host would run at the output's speed.
-        // The writer's commit count too is read only then: its line moves at every commit.
-        let (mut last_commit, mut seen, mut waiting) = (None, None, None);
-        let after = t.journal.push(ring, payload, |tries| {
-            let now = Instant::now();
-            let c = ring::commits();
-            if seen.is_some_and(|s| s != c) {
-                last_commit = None;
-            }
-            seen = Some(c);
-            let since = *last_commit.get_or_insert(now);
-            let (began, writes_then) = *waiting.get_or_insert_with(|| (now, crate::output::time_in_writes()));
-            let waited = now - began;
-            let in_writes = crate::output::time_in_writes().saturating_sub(writes_then);
-            let output_bound = waited >= Duration::from_millis(ring::MAX_WAIT_MS) && in_writes * 2 >= waited;
-            wait_for_room(t, tries, if output_bound { began } else { since })
-        });
-        match after {
-            Some(fill) => {
-                let half = jfmt::RING_BYTES / 2;
-                if fill > half && fill - jfmt::entry_bytes(payload.len()) <= half {
-                    ring_doorbell();
-                }
-            }
-            None => {
-                ring::GIVEN_UP.fetch_add(1, SeqCst);
+    // A warm event (no code objects to describe, no frames: its stacks' keys only) is written
+    // straight into the ring.
+    if let Msg::Event(e) = msg {
+        if e.py.as_ref().is_none_or(|p| p.new_codes.is_empty()) {
+            let plan = jfmt::plan_event(e);
+            if plan.len() <= ring::IN_PLACE_MAX {
+                let after = t.journal.push_in_place(ring, plan.len(), room_waiter(t), |dst| jfmt::write_event(e, &plan, dst));
+                pushed(after, plan.len());
+                return;
             }
         }
-    };
+    }
+    let put = |payload: &[u8]| pushed(t.journal.push(ring, payload, room_waiter(t)), payload.len());
     let done = SCRATCH
         .try_with(|s| {
             let Ok(mut s) = s.try_borrow_mut() else { return false };
@@ -294,7 +272,49 @@ fn push(t: &Tracer, ring: usize, msg: &Msg) {
         })
         .unwrap_or(false);
     if !done {
-        jfmt::encode_each(msg, &mut local, put);
+        jfmt::encode_each(msg, &mut Vec::new(), put);
+    }
+}
+
+/// How a hook waits for room in its ring (called only once the ring turns out full).
+fn room_waiter(t: &Tracer) -> impl FnMut(u32) -> bool + '_ {
+    // The clock is read only once the ring turns out full: not on the hot path. The wait is
+    // bounded by time without progress: a writer that commits, however slowly (starved of
+    // CPU by the program's own threads), is not a stalled output. But a writer that spent
+    // most of a second of waiting inside writes is held by its output (a slow disk, a pipe
+    // read slowly): its commits do not count, or the host would run at the output's speed.
+    // The writer's commit count too is read only then: its line moves at every commit.
+    let (mut last_commit, mut seen, mut waiting) = (None, None, None);
+    move |tries| {
+        let now = Instant::now();
+        let c = ring::commits();
+        if seen.is_some_and(|s| s != c) {
+            last_commit = None;
+        }
+        seen = Some(c);
+        let since = *last_commit.get_or_insert(now);
+        let (began, writes_then) = *waiting.get_or_insert_with(|| (now, crate::output::time_in_writes()));
+        let waited = now - began;
+        let in_writes = crate::output::time_in_writes().saturating_sub(writes_then);
+        let output_bound = waited >= Duration::from_millis(ring::MAX_WAIT_MS) && in_writes * 2 >= waited;
+        wait_for_room(t, tries, if output_bound { began } else { since })
+    }
+}
+
+/// After a push of `len` payload bytes: the writer is woken when the ring passes half full;
+/// an entry given up is counted.
+#[inline(always)]
+fn pushed(after: Option<u64>, len: usize) {
+    match after {
+        Some(fill) => {
+            let half = jfmt::RING_BYTES / 2;
+            if fill > half && fill - jfmt::entry_bytes(len) <= half {
+                ring_doorbell();
+            }
+        }
+        None => {
+            ring::GIVEN_UP.fetch_add(1, SeqCst);
+        }
     }
 }
 

@@ -44,17 +44,21 @@ pub mod header {
 }
 
 /// Byte offsets in a ring's control page.
+/// The producer's words (head, busy, seen) share one line, which it alone writes at every event;
+/// the writer's (committed) is two lines away (x86's prefetcher fetches lines in pairs).
 pub mod ring {
     /// Where the producer writes next (bytes since the ring began; only grows).
     pub const HEAD: u64 = 0;
-    /// Everything before this is in the trace file: the producer may reuse that space.
-    pub const COMMITTED: u64 = 64;
-    /// Thread id of the producer that owns the ring (0: free).
-    pub const OWNER: u64 = 128;
-    /// Lock word of the shared ring.
-    pub const LOCK: u64 = 192;
     /// Non-zero while the owner is inside a hand-over (the exit drain waits for it to end).
-    pub const BUSY: u64 = 256;
+    pub const BUSY: u64 = 8;
+    /// The committed position as the producer last read it (its own copy; readers ignore it).
+    pub const SEEN: u64 = 16;
+    /// Everything before this is in the trace file: the producer may reuse that space.
+    pub const COMMITTED: u64 = 128;
+    /// Thread id of the producer that owns the ring (0: free).
+    pub const OWNER: u64 = 256;
+    /// Lock word of the shared ring.
+    pub const LOCK: u64 = 384;
 }
 
 /// Dictionary entry kinds.
@@ -242,8 +246,29 @@ impl Put<'_> {
     }
 }
 
+/// An event entry's layout, worked out once: which optional fields it carries and its size.
+/// The hook sizes the ring space with it, then writes the entry there (`write_event`).
+pub struct EventPlan<'a> {
+    mask: u16,
+    len: usize,
+    frames: &'a [u64],
+    py_frames: Option<&'a [RawPyFrame]>,
+    name: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl EventPlan<'_> {
+    /// The entry's payload bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 #[link_section = ".text.hot.gpumemtrace"]
-fn put_event(e: &RawEvent, o: &mut Vec<u8>) {
+pub fn plan_event(e: &RawEvent) -> EventPlan<'_> {
     use present as p;
     // Native stacks are bounded by the format (MAX_FRAMES: 8 KiB).
     let frames = &e.frames.frames[..e.frames.frames.len().min(crate::MAX_FRAMES)];
@@ -276,9 +301,15 @@ fn put_event(e: &RawEvent, o: &mut Vec<u8>) {
     });
     opt(p::PY_FRAMES, py_frames.is_some(), py_frames.map_or(0, |f| 4 + 21 * f.len()));
     opt(p::THREAD_NAME, name.is_some(), name.as_ref().map_or(0, |n| 4 + n.len()));
-    let start = o.len();
-    o.resize(start + len, 0);
-    let mut w = Put { b: &mut o[start..], at: 0 };
+    EventPlan { mask, len, frames, py_frames, name }
+}
+
+/// Writes event `e` as `plan` (made from it) lays it out; `out` is `plan.len()` bytes.
+#[link_section = ".text.hot.gpumemtrace"]
+pub fn write_event(e: &RawEvent, plan: &EventPlan, out: &mut [u8]) {
+    use present as p;
+    let mask = plan.mask;
+    let mut w = Put { b: out, at: 0 };
     w.raw(&[EVENT]);
     w.u64(e.seq);
     w.raw(&mask.to_le_bytes());
@@ -314,12 +345,12 @@ fn put_event(e: &RawEvent, o: &mut Vec<u8>) {
         w.u64(e.py_key);
     }
     if has(p::FRAMES) {
-        w.u32(frames.len() as u32);
-        for &f in frames {
+        w.u32(plan.frames.len() as u32);
+        for &f in plan.frames {
             w.u64(f);
         }
     }
-    if let Some(frames) = py_frames {
+    if let Some(frames) = plan.py_frames {
         w.u32(frames.len() as u32);
         for f in frames {
             w.u64(f.code);
@@ -328,11 +359,18 @@ fn put_event(e: &RawEvent, o: &mut Vec<u8>) {
             w.raw(&[f.flags]);
         }
     }
-    if let Some(n) = &name {
+    if let Some(n) = &plan.name {
         w.u32(n.len() as u32);
         w.raw(n.as_bytes());
     }
-    debug_assert_eq!(w.at, len);
+    debug_assert_eq!(w.at, plan.len);
+}
+
+fn put_event(e: &RawEvent, o: &mut Vec<u8>) {
+    let plan = plan_event(e);
+    let start = o.len();
+    o.resize(start + plan.len, 0);
+    write_event(e, &plan, &mut o[start..]);
 }
 
 #[link_section = ".text.hot.gpumemtrace"]
