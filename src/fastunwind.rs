@@ -133,10 +133,11 @@ struct PerThread {
 /// Return addresses of the current call stack, innermost first, starting at the first frame
 /// outside `skip` (the tracer's own segments), at most `max`, ending at the first frame inside
 /// `stop` (the interpreter, when its own stack replaces the rest). Also says whether the frames are
-/// exactly those of this thread's previous capture, and gives their key (`stackkey::hash`).
+/// exactly those of this thread's previous capture, and gives their key (`stackkey::hash`). A walk
+/// taken whole from memory fills `frames` only if `wanted(key)` (else it stays empty).
 #[inline(never)]
 #[link_section = ".text.hot.gpumemtrace"]
-pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(u64, u64)]) -> Result<(bool, u64), Unavailable> {
+pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(u64, u64)], wanted: impl FnOnce(u64) -> bool) -> Result<(bool, u64), Unavailable> {
     let (pc, sp, bp) = registers();
     let (lo, hi) = stack_bounds().ok_or(Unavailable)?;
     if sp < lo || sp >= hi {
@@ -167,8 +168,10 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                 let was_last = memos.is_last(slot);
                 if pick.whole {
                     let kept = memos.get(slot);
-                    frames.clone_from(&kept.result);
                     let key = kept.key;
+                    if wanted(key) {
+                        frames.clone_from(&kept.result);
+                    }
                     memos.reused(slot);
                     flush_counts(walked, missed);
                     return Ok((was_last, key));
@@ -198,8 +201,12 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                             if valid && same_as_memo && j == k && (!memo.at_max || memo.max == max) {
                                 // The whole walk is the previous one (ended where it ended, or
                                 // cut at the same limit): keep it as the memo.
-                                frames.clone_from(&memo.result);
                                 let key = memo.key;
+                                if wanted(key) {
+                                    frames.clone_from(&memo.result);
+                                } else {
+                                    frames.clear();
+                                }
                                 memos.reused(slot);
                                 flush_counts(walked, missed);
                                 return Ok((was_last, key));
@@ -573,7 +580,7 @@ mod tests {
         let mut v = Vec::new();
         // `Unavailable` while another test thread rebuilds the module snapshot: ask again.
         for _ in 0..1000 {
-            if capture(&mut v, 64, &[], stop).is_ok() {
+            if capture(&mut v, 64, &[], stop, |_| true).is_ok() {
                 return v;
             }
             std::thread::yield_now();

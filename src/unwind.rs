@@ -68,21 +68,20 @@ pub fn capture(max: usize, stop: &[(u64, u64)]) -> Stack {
             p.seen.fill(0);
             p.epoch = epoch;
         }
-        let (same, known) = capture_into(&mut p.scratch, max, stop);
+        // A walk taken whole from memory is copied out only if this thread has not sent its
+        // frames yet (`wanted`): else its key alone is handed over.
+        let PerThread { scratch, last_key, seen, .. } = p;
+        let mut decided = None;
+        let (same, known) = capture_into(scratch, max, stop, |key| *decided.insert(first_use(seen, key)));
         let key = match known {
             Some(k) => k,
-            None if same && p.last_key != 0 => p.last_key,
-            None => hash(&p.scratch),
+            None if same && *last_key != 0 => *last_key,
+            None => hash(scratch),
         };
-        p.last_key = key;
-        if key == 0 {
+        *last_key = key;
+        if key == 0 || !decided.unwrap_or_else(|| first_use(seen, key)) {
             return Some(Stack { key, frames: Vec::new() });
         }
-        let slot = &mut p.seen[(key % SEEN as u64) as usize];
-        if *slot == key {
-            return Some(Stack { key, frames: Vec::new() });
-        }
-        *slot = key;
         Some(Stack { key, frames: p.scratch.clone() })
     });
     match r {
@@ -90,10 +89,19 @@ pub fn capture(max: usize, stop: &[(u64, u64)]) -> Stack {
         _ => {
             // Thread teardown (or reentry): no per-thread state, send everything.
             let mut frames = Vec::with_capacity(max);
-            let (_, known) = capture_into(&mut frames, max, stop);
+            let (_, known) = capture_into(&mut frames, max, stop, |_| true);
             Stack { key: known.unwrap_or_else(|| hash(&frames)), frames }
         }
     }
+}
+
+/// Whether this thread uses stack `key` for the first time (since the tracer started); marks it
+/// used. Direct-mapped: a key that lost its slot is sent again, which is harmless.
+fn first_use(seen: &mut [u64; SEEN], key: u64) -> bool {
+    let slot = &mut seen[(key % SEEN as u64) as usize];
+    let first = *slot != key;
+    *slot = key;
+    first
 }
 
 /// Stacks the fast unwinder could not take (libgcc's took them): reported in the trace, since
@@ -101,14 +109,15 @@ pub fn capture(max: usize, stop: &[(u64, u64)]) -> Stack {
 pub static FALLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Fills `frames`; says whether they are exactly those of this thread's previous capture, and
-/// their key when the unwinder already knew it (a walk taken whole from memory).
+/// their key when the unwinder already knew it (a walk taken whole from memory: then `frames`
+/// is filled only if `wanted(key)`).
 #[link_section = ".text.hot.gpumemtrace"]
-fn capture_into(frames: &mut Vec<u64>, max: usize, stop: &[(u64, u64)]) -> (bool, Option<u64>) {
+fn capture_into(frames: &mut Vec<u64>, max: usize, stop: &[(u64, u64)], wanted: impl FnOnce(u64) -> bool) -> (bool, Option<u64>) {
     frames.clear();
     let ours = ours();
     #[cfg(target_arch = "x86_64")]
     if use_fast() {
-        if let Ok((same, key)) = crate::fastunwind::capture(frames, max, ours, stop) {
+        if let Ok((same, key)) = crate::fastunwind::capture(frames, max, ours, stop, wanted) {
             return (same, Some(key));
         }
         FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
