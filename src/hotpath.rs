@@ -122,8 +122,7 @@ pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: O
         // with one bit saying whether the program (not the interpreter's shutdown) freed it.
         let recorded = catch_unwind(AssertUnwindSafe(|| {
             let (seq, time) = (clock::next_seq(), clock::now_ns());
-            let flags = if crate::python::has_frames() { event_flags::PYTHON } else { 0 };
-            (seq, time, flags)
+            (seq, time, python_flag())
         }));
         let calling = selftime::mark();
         forward();
@@ -155,8 +154,19 @@ fn free_without_stack(api: u32, f: Fields, seq: u64, time: u64) {
         return;
     }
     let device = f.device.unwrap_or_else(resolve::current_device);
-    let flags = if crate::python::has_frames() { event_flags::PYTHON } else { 0 };
-    tracer::submit(bare_event(api, SUCCESS, f, device, seq, time, flags));
+    tracer::submit(bare_event(api, SUCCESS, f, device, seq, time, python_flag()));
+}
+
+/// A free's flag: whether the program's Python code made it. Only the main thread's events tell
+/// the Python program's end (the reader's and the aggregate writer's rule), so other threads'
+/// frees skip the interpreter lookup (two calls into libpython, about 100 ns on a busy host).
+#[link_section = ".text.hot.gpumemtrace"]
+fn python_flag() -> u32 {
+    if thread::is_main_thread() && crate::python::has_frames() {
+        event_flags::PYTHON
+    } else {
+        0
+    }
 }
 
 /// An event without stacks (`record` adds them).

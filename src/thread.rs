@@ -6,6 +6,8 @@ use std::cell::Cell;
 thread_local! {
     static TID: Cell<u32> = const { Cell::new(0) };
     static NAMED: Cell<bool> = const { Cell::new(false) };
+    /// 0: not known yet, 1: the process's main thread (its id is the process id), 2: another.
+    static MAIN: Cell<u8> = const { Cell::new(0) };
 }
 
 /// The thread's name (`prctl(PR_GET_NAME)`), on its first event only: read here because the
@@ -43,9 +45,23 @@ pub fn thread_id() -> u32 {
     })
 }
 
-/// After fork the child's only thread has a new id.
+/// Whether this is the process's main thread (thread id = process id), cached per thread.
+#[link_section = ".text.hot.gpumemtrace"]
+pub fn is_main_thread() -> bool {
+    let known = MAIN.try_with(|m| m.get()).unwrap_or(0);
+    if known != 0 {
+        return known == 1;
+    }
+    // SAFETY: getpid has no preconditions.
+    let main = thread_id() == unsafe { libc::getpid() } as u32;
+    let _ = MAIN.try_with(|m| m.set(if main { 1 } else { 2 }));
+    main
+}
+
+/// After fork the child's only thread has a new id (and is the child's main thread).
 pub fn forget_thread_id() {
     let _ = TID.try_with(|t| t.set(0));
+    let _ = MAIN.try_with(|m| m.set(0));
     let _ = NAMED.try_with(|n| n.set(false));
 }
 

@@ -162,3 +162,43 @@ fn reports_keep_the_python_frames() {
         "{folded}"
     );
 }
+
+/// A free carries no stack, only a flag saying the program's Python code made it (not the
+/// interpreter's shutdown). Only the main thread's events tell the program's end, so the flag
+/// is looked up there only: a worker thread's free, even from Python, leaves it 0.
+#[test]
+fn a_free_says_python_made_it_on_the_main_thread_only() {
+    for python in pythons() {
+        let run = run_python(&python, &["--frees"], &[]);
+        assert!(run.out.status.success(), "{python}: {}", run.stderr);
+        let freed: HashMap<u64, String> = run
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("py_free"))
+            .map(|l| {
+                let kv: HashMap<&str, &str> = l.split_whitespace().filter_map(|kv| kv.split_once('=')).collect();
+                (kv["addr"].parse().unwrap(), kv["thread"].to_owned())
+            })
+            .collect();
+        assert_eq!(freed.len(), 2, "{python}: {}", run.stdout);
+        let recs = records(&run.traces[0]);
+        let free_api: Vec<u32> = recs
+            .iter()
+            .filter_map(|r| match r {
+                Record::Api(a) if a.name == "cuMemFree_v2" => Some(a.id),
+                _ => None,
+            })
+            .collect();
+        let mut flags: HashMap<String, (u32, bool)> = HashMap::new();
+        for r in &recs {
+            if let Record::Event(e) = r {
+                if free_api.contains(&e.api) {
+                    let thread = freed.get(&e.addr).unwrap_or_else(|| panic!("{python}: unlogged free of {:#x}", e.addr));
+                    flags.insert(thread.clone(), (e.flags, e.tid == run.out_pid()));
+                }
+            }
+        }
+        assert_eq!(flags["MainThread"], (gpumemtrace_format::event_flags::PYTHON, true), "{python}");
+        assert_eq!(flags["freer"], (0, false), "{python}");
+    }
+}

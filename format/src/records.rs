@@ -171,8 +171,8 @@ pub struct Event {
 /// [`Event::flags`] bits.
 pub mod event_flags {
     /// The calling thread was running Python code. Set whenever `pystack` is, and also for
-    /// events recorded without stacks (block frees), so a reader can tell a program's own
-    /// calls from those of the interpreter's shutdown.
+    /// events recorded without stacks (frees) on the process's main thread, so a reader can tell
+    /// a program's own calls from those of the interpreter's shutdown.
     pub const PYTHON: u32 = 1;
 }
 

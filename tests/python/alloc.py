@@ -3,7 +3,9 @@
 threads, a generator, a class method and through a stdlib module (sched). Every allocation is
 leaked on purpose and logged on stdout with the line and function that made it:
     py_alloc size=N line=L func=QUALNAME thread=NAME
-Usage: python3 alloc.py /path/to/libcuda.so.1 [--no-calls]
+Usage: python3 alloc.py /path/to/libcuda.so.1 [--no-calls | --frees]
+--frees: instead, two blocks freed from Python, one by the main thread and one by a worker
+thread, each logged as `py_free addr=A thread=NAME`.
 """
 import ctypes
 import sched
@@ -12,6 +14,7 @@ import threading
 
 lib = ctypes.CDLL(sys.argv[1])
 lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+lib.cuMemFree_v2.argtypes = [ctypes.c_uint64]
 lock = threading.Lock()
 
 
@@ -68,9 +71,28 @@ def through_stdlib(n):
     s.run(); log(n, 0)
 
 
+def free(p):
+    assert lib.cuMemFree_v2(p) == 0
+    print(f"py_free addr={p} thread={threading.current_thread().name}", flush=True)
+
+
+def frees():
+    setup()
+    a, b = ctypes.c_uint64(), ctypes.c_uint64()
+    assert lib.cuMemAlloc_v2(ctypes.byref(a), 4096) == 0
+    assert lib.cuMemAlloc_v2(ctypes.byref(b), 8192) == 0
+    free(a.value)
+    worker = threading.Thread(target=lambda: (setup(), free(b.value)), name="freer")
+    worker.start()
+    worker.join()
+
+
 def main():
     if "--no-calls" in sys.argv:
         print("no calls made")
+        return
+    if "--frees" in sys.argv:
+        frees()
         return
     setup()
     outer(1 << 20)
