@@ -30,14 +30,14 @@ impl Trace {
     /// Loads a trace from a source (opened once). (Reports load
     /// files through [`load`], which adds a progress bar.)
     #[cfg(test)]
-    pub fn load_from<R: Read>(open: impl Fn() -> io::Result<R>) -> Result<Trace, Error> {
+    pub fn load_from<R: Read + Send>(open: impl Fn() -> io::Result<R>) -> Result<Trace, Error> {
         Trace::load_with(open, &Filter::default(), &mut ())
     }
 
     /// Loads a trace counting only the events `filter` admits, and shows every admitted
     /// event to `observe`, in trace order, after the model's own observers.
     #[cfg(test)]
-    pub fn load_with<R: Read>(
+    pub fn load_with<R: Read + Send>(
         open: impl Fn() -> io::Result<R>,
         filter: &Filter,
         observe: &mut dyn Observer,
@@ -47,7 +47,7 @@ impl Trace {
 
     /// [`Trace::load_with`], completed by what `recovery` gives (the journal of a
     /// process that did not finish its trace).
-    pub fn load_recovering<R: Read>(
+    pub fn load_recovering<R: Read + Send>(
         open: impl Fn() -> io::Result<R>,
         recovery: &dyn Fn() -> Option<gpumemtrace_format::recover::Recovery>,
         filter: &Filter,

@@ -71,7 +71,7 @@ impl Input {
     }
 
     /// A reader from the start of the trace (once per pass).
-    pub fn reader(&self) -> io::Result<Box<dyn Read + '_>> {
+    pub fn reader(&self) -> io::Result<Box<dyn Read + Send + '_>> {
         match self {
             Input::File { path, .. } => Ok(Box::new(File::open(path)?)),
             Input::Memory { bytes, .. } => Ok(Box::new(&bytes[..])),

@@ -49,7 +49,7 @@ pub struct CombinedDevice {
 struct Source<'a> {
     pid: u32,
     start_realtime_ns: u64,
-    reader: gpumemtrace_format::recover::Recovering<BufReader<Box<dyn Read + 'a>>>,
+    reader: gpumemtrace_format::recover::Recovering<BufReader<Box<dyn Read + Send + 'a>>>,
     replay: Replay,
     next: Option<Event>,
     gpu: GpuMemory,
