@@ -310,11 +310,14 @@ impl Journal {
             }
             tries += 1;
         };
+        // The frame (`len u32`, `!len u32`) as one 8-byte store: entries start 8-aligned and the
+        // ring's size is a multiple of 8, so it never wraps (a copy of 8 bytes of unknown length
+        // was a call to memmove).
         let len = len as u32;
-        let mut frame = [0u8; j::FRAME as usize];
-        frame[..4].copy_from_slice(&len.to_le_bytes());
-        frame[4..].copy_from_slice(&(!len).to_le_bytes());
-        self.ring_write(i, head, &frame);
+        let frame = (len as u64 | ((!len as u64) << 32)).to_le();
+        let at = j::ring_offset(i) + j::RING_CONTROL + head % j::RING_BYTES;
+        debug_assert!(at.is_multiple_of(8));
+        self.u64(at).store(frame, Relaxed); // published by the head's Release store below
         write(head + j::FRAME);
         head_at.store(head + total, Release);
         Some(head + total - done)

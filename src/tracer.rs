@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, 
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use gpumemtrace_format::journal as jfmt;
+use gpumemtrace_format::journal::{self as jfmt, MsgRef};
 
 use crate::config::Config;
-use crate::record::{Msg, RawEvent, RawPhase};
+use crate::record::{RawEvent, RawPhase};
 use crate::ring::{self, Journal};
 use crate::writer::Writer;
 
@@ -141,7 +141,8 @@ pub fn submit(ev: RawEvent) {
     if panic_at != 0 && SUBMITTED.fetch_add(1, SeqCst) + 1 == panic_at {
         panic!("GPUMEMTRACE_TEST_PANIC_AT={panic_at}: deliberate panic for testing");
     }
-    send(Msg::Event(ev));
+    // Borrowed, not moved into a `Msg`: the event is written from where the hook built it.
+    send(MsgRef::Event(&ev));
 }
 
 /// Phase records before the tracer started: kept (bounded) so the first events get their phase,
@@ -159,7 +160,7 @@ pub fn submit_phase(p: RawPhase) {
             }
         }
         OFF => {}
-        _ => send(Msg::Phase(p)),
+        _ => send(MsgRef::Phase(&p)),
     }
 }
 
@@ -221,7 +222,7 @@ fn wait_for_doorbell(seen: u32, timeout: Duration) {
 }
 
 #[link_section = ".text.hot.gpumemtrace"]
-fn send(msg: Msg) {
+fn send(msg: MsgRef) {
     let Some(t) = tracer() else { return };
     let ring = my_ring(t);
     // Marked before the state is read (see `Journal::enter`): the exit drain, which changes
@@ -230,7 +231,7 @@ fn send(msg: Msg) {
     let before = if ring == ring::SHARED { IN_FLIGHT.fetch_add(1, SeqCst) } else { t.journal.enter(ring) };
     let state = STATE.load(SeqCst);
     if let RUNNING | DIRECT = state {
-        if catch_unwind_silent(|| push(t, ring, &msg)).is_none() {
+        if catch_unwind_silent(|| push(t, ring, msg)).is_none() {
             disable("internal error while handing an event to the writer");
         }
         if state == DIRECT {
@@ -250,10 +251,10 @@ fn catch_unwind_silent<R>(f: impl FnOnce() -> R) -> Option<R> {
 
 /// Puts the message into the calling thread's ring, waiting (bounded) while the ring is full.
 #[link_section = ".text.hot.gpumemtrace"]
-fn push(t: &Tracer, ring: usize, msg: &Msg) {
+fn push(t: &Tracer, ring: usize, msg: MsgRef) {
     // A warm event (no code objects to describe, no frames: its stacks' keys only) is written
     // straight into the ring.
-    if let Msg::Event(e) = msg {
+    if let MsgRef::Event(e) = msg {
         if e.py.as_ref().is_none_or(|p| p.new_codes.is_empty()) {
             let plan = jfmt::plan_event(e);
             if plan.len() <= ring::IN_PLACE_MAX {

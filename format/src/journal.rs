@@ -136,8 +136,9 @@ pub const MAX_PAYLOAD: usize = MAX_ENTRY - FRAME as usize;
 /// too long for an entry are cut: a thread or phase name to 4 KiB (marked as cut), a code object's line table
 /// left out (its lines then read as its first line), a Python stack to the frames that fit.
 #[link_section = ".text.hot.gpumemtrace"]
-pub fn encode_each(msg: &Msg, buf: &mut Vec<u8>, mut each: impl FnMut(&[u8])) {
-    if let Msg::Event(RawEvent { py: Some(py), .. }) = msg {
+pub fn encode_each<'a>(msg: impl Into<MsgRef<'a>>, buf: &mut Vec<u8>, mut each: impl FnMut(&[u8])) {
+    let msg = msg.into();
+    if let MsgRef::Event(RawEvent { py: Some(py), .. }) = msg {
         let mut i = 0;
         while i < py.new_codes.len() {
             buf.clear();
@@ -168,6 +169,34 @@ pub fn encode_each(msg: &Msg, buf: &mut Vec<u8>, mut each: impl FnMut(&[u8])) {
     each(buf);
 }
 
+/// A message borrowed: what a hook hands over without moving its event into a [`Msg`].
+#[derive(Clone, Copy)]
+pub enum MsgRef<'a> {
+    Event(&'a RawEvent),
+    Phase(&'a RawPhase),
+}
+
+impl<'a> From<&'a Msg> for MsgRef<'a> {
+    fn from(m: &'a Msg) -> Self {
+        match m {
+            Msg::Event(e) => MsgRef::Event(e),
+            Msg::Phase(p) => MsgRef::Phase(p),
+        }
+    }
+}
+
+impl<'a> From<&'a RawEvent> for MsgRef<'a> {
+    fn from(e: &'a RawEvent) -> Self {
+        MsgRef::Event(e)
+    }
+}
+
+impl<'a> From<&'a RawPhase> for MsgRef<'a> {
+    fn from(p: &'a RawPhase) -> Self {
+        MsgRef::Phase(p)
+    }
+}
+
 /// The sequence number of an event's or a phase's entry, read without decoding it.
 pub fn seq_of(payload: &[u8]) -> Option<u64> {
     match payload.first() {
@@ -179,7 +208,7 @@ pub fn seq_of(payload: &[u8]) -> Option<u64> {
 /// The message's own entry (code descriptions left out: see [`encode_each`]).
 pub fn encode(msg: &Msg, out: &mut Vec<u8>) {
     out.clear();
-    put_msg(msg, out);
+    put_msg(msg.into(), out);
 }
 
 fn put_code(o: &mut Vec<u8>, c: &CodeInfo, cut: bool) {
@@ -374,10 +403,10 @@ fn put_event(e: &RawEvent, o: &mut Vec<u8>) {
 }
 
 #[link_section = ".text.hot.gpumemtrace"]
-fn put_msg(msg: &Msg, o: &mut Vec<u8>) {
+fn put_msg(msg: MsgRef, o: &mut Vec<u8>) {
     match msg {
-        Msg::Event(e) => put_event(e, o),
-        Msg::Phase(p) => {
+        MsgRef::Event(e) => put_event(e, o),
+        MsgRef::Phase(p) => {
             o.push(PHASE);
             u64_(o, p.seq);
             u64_(o, p.time_ns);
