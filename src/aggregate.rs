@@ -134,11 +134,13 @@ impl Aggregate {
         self.phases.phase(tid, op, name);
     }
 
-    /// A failed call (written as an event): counted in its phase when it allocates.
-    pub fn failed(&mut self, api: u32, tid: u32, device: i32) {
+    /// A failed call (written as an event): counted in its phase when it allocates. Returns
+    /// the GPU memory live on its device now, which a reader of the summary cannot replay.
+    pub fn failed(&mut self, api: u32, tid: u32, device: i32) -> u64 {
         if let Some(&(kind, Op::Alloc)) = self.apis.get(&api) {
             self.phases.failed(tid, (device, kind));
         }
+        self.devices.get(&device).map_or(0, |d| d.live)
     }
 
     /// Whether Api `id` allocates.

@@ -500,8 +500,8 @@ mod tests {
             frames: Stack { key: n % 11, frames: vec![] },
             py: None,
             py_key: n % 13,
-            py_tstate: n % 2 == 0,
-            thread_name: (n % 17 == 0).then(|| "t".repeat((n % 90) as usize)),
+            py_tstate: n.is_multiple_of(2),
+            thread_name: n.is_multiple_of(17).then(|| "t".repeat((n % 90) as usize)),
         };
         let (mut pos, mut got, mut wrapped) = (0u64, 0u64, 0);
         for n in 0..40_000u64 {

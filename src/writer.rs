@@ -344,6 +344,7 @@ impl Writer {
         };
         let stack = self.intern(ev.frames);
         let time_ns = ev.time_ns.saturating_sub(self.start_ns);
+        let mut failure_live = None;
         if let Some(agg) = self.agg.as_mut() {
             let python = ev.flags & fmt::event_flags::PYTHON != 0;
             agg.seen(ev.tid, pystack != 0 || python, time_ns);
@@ -355,7 +356,7 @@ impl Writer {
                 return Ok(());
             }
             if ev.result != 0 {
-                agg.failed(ev.api, ev.tid, ev.device);
+                failure_live = Some(agg.failed(ev.api, ev.tid, ev.device));
             }
         }
         self.put(&Record::Event(fmt::Event {
@@ -374,6 +375,9 @@ impl Writer {
             total_allocated: ev.total_allocated,
             total_reserved: ev.total_reserved,
         }));
+        if let Some(live_bytes) = failure_live {
+            self.put(&Record::AggFailure(fmt::AggFailure { device: ev.device, live_bytes }));
+        }
         self.events += 1;
         if self.buf.len() >= FLUSH_BYTES {
             self.flush()?;

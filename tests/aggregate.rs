@@ -48,7 +48,10 @@ fn comparable(json: &Value) -> Value {
         .as_array()
         .unwrap()
         .iter()
-        .map(|f| serde_json::json!({"api": f["api"], "device": f["device"], "size": f["size"], "result": f["result"]}))
+        .map(|f| {
+            serde_json::json!({"api": f["api"], "device": f["device"], "size": f["size"], "result": f["result"],
+                "live_bytes_on_device": f["live_bytes_on_device"]})
+        })
         .collect();
     serde_json::json!({"groups": groups, "devices": devices, "failures": failures, "events": t["events"]})
 }
@@ -93,6 +96,9 @@ fn the_demo_summarized_from_an_aggregate_trace_is_the_full_traces_summary() {
     assert_eq!(dev["leak_sites"][0]["bytes"], 20 * MIB, "five 4 MiB batch caches leak");
     assert!(dev["peak_bytes"].as_u64().unwrap() >= 64 * MIB + 48 * MIB);
     assert_eq!(f["failures"][0]["size"], 4096 * MIB);
+    // What was live on the device as it failed: the writer says it (an AggFailure record),
+    // the reader of an aggregate trace replays no live set that could.
+    assert_eq!(f["failures"][0]["live_bytes_on_device"], 84 * MIB);
     assert!(agg["traces"][0]["notices"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().starts_with("aggregate trace")));
 }
 

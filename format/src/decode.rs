@@ -467,6 +467,11 @@ fn decode(t: u8, b: &[u8], version: u16, prev: &mut Prev) -> Result<Record, Stri
             })
         }
         tag::AGG_END => Record::AggEnd(p.uv()?),
+        tag::AGG_FAILURE => {
+            let device = p.sv()?;
+            let device = i32::try_from(device).map_err(|_| format!("device {device} out of range"))?;
+            Record::AggFailure(AggFailure { device, live_bytes: p.uv()? })
+        }
         other => return Ok(Record::Unknown(other)),
     };
     // Trailing bytes are allowed: a newer writer may append fields to a record.

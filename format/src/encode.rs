@@ -181,6 +181,11 @@ impl Encoder {
                 put_uv(p, *seq);
                 tag::AGG_END
             }
+            Record::AggFailure(a) => {
+                put_sv(p, a.device as i64);
+                put_uv(p, a.live_bytes);
+                tag::AGG_FAILURE
+            }
             Record::Unknown(t) => *t,
         };
         if p.len() as u64 > crate::MAX_RECORD_LEN {

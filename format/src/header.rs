@@ -41,6 +41,7 @@ pub mod tag {
     pub const AGG_PEAK: u8 = 0x0E;
     pub const AGG_END: u8 = 0x0F;
     pub const AGG_PHASE: u8 = 0x10;
+    pub const AGG_FAILURE: u8 = 0x11;
 }
 
 /// The file header of an uncompressed trace.

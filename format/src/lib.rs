@@ -136,6 +136,7 @@ mod tests {
                 failed: 1,
                 peak_bytes: 9 << 20,
             }),
+            Record::AggFailure(AggFailure { device: -1, live_bytes: 84 << 20 }),
             Record::AggEnd(3),
         ]
     }

@@ -346,6 +346,16 @@ pub struct AggPhase {
     pub peak_bytes: u64,
 }
 
+/// What was live on a device when the failed call just before it was made (aggregate mode: its
+/// reader replays the failure without the live set that gives this).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AggFailure {
+    pub device: i32,
+    /// GPU memory live on the device then (the kinds that occupy it), as a full trace's reader
+    /// finds it at that event.
+    pub live_bytes: u64,
+}
+
 /// A decoded record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
@@ -365,6 +375,7 @@ pub enum Record {
     AggSite(AggSite),
     AggPeak(AggPeak),
     AggPhase(AggPhase),
+    AggFailure(AggFailure),
     /// The summary of this `seq` is complete.
     AggEnd(u64),
     /// A record with a tag this reader does not know (newer writer); skipped.

@@ -140,7 +140,7 @@ pub fn read_trace(path: &Path) -> TraceData {
             Record::Stats(s) => t.stats = Some(s),
             Record::Notice(n) => t.notices.push(n),
             Record::PyCode(_) | Record::PyStack(_) | Record::Phase(_) | Record::Thread(_) | Record::Unknown(_) => {}
-            Record::AggStart(_) | Record::AggSite(_) | Record::AggPeak(_) | Record::AggPhase(_) | Record::AggEnd(_) => {}
+            Record::AggStart(_) | Record::AggSite(_) | Record::AggPeak(_) | Record::AggPhase(_) | Record::AggFailure(_) | Record::AggEnd(_) => {}
         }
     }
     t

@@ -2,8 +2,9 @@
 //! every event, summaries of the run (per-site totals, what each site held live at the end and
 //! at its group's peak and at the Python program's end, the peaks, totals by phase). The last
 //! complete summary is the trace's; its events (failures, frees of nothing live) are replayed as
-//! usual, and the summary then fills in the groups. What needs the order of events in time
-//! (timelines, growth, temporaries, phase spans, pools, what was live at a failure) an aggregate
+//! usual (an `AggFailure` record after a failure says what was live on its device), and the
+//! summary then fills in the groups. What needs the order of events in time (timelines,
+//! growth, temporaries, phase spans, pools, what was live at a failure by site) an aggregate
 //! trace cannot give.
 
 use std::io::Read;

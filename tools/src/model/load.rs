@@ -122,6 +122,13 @@ impl Trace {
                     trace.threads.insert(t.tid, t);
                 }
                 Record::Phase(p) => replay.phase(&p),
+                // Aggregate mode: what was live on the device when the failure just read was
+                // made (the replay has no live set to tell).
+                Record::AggFailure(a) => {
+                    if let Some(f) = groups.failures.last_mut().filter(|f| f.device == a.device) {
+                        f.live_bytes_on_device = a.live_bytes;
+                    }
+                }
                 r @ (Record::AggStart(_) | Record::AggSite(_) | Record::AggPeak(_) | Record::AggPhase(_) | Record::AggEnd(_)) => summaries.record(r),
                 Record::Unknown(_) => {}
             }

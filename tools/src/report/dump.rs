@@ -83,6 +83,7 @@ pub fn run(path: &Path, out: &mut impl Write) -> io::Result<bool> {
                     "name": a.name, "allocations": a.allocations, "allocated_bytes": a.allocated_bytes,
                     "failed": a.failed, "peak_bytes": a.peak_bytes}}),
                 Record::AggEnd(seq) => json!({"aggregate_end": {"seq": seq}}),
+                Record::AggFailure(a) => json!({"aggregate_failure": {"device": a.device, "live_bytes": a.live_bytes}}),
                 Record::Unknown(t) => json!({"unknown_record": t}),
             },
             Err(e) => {
