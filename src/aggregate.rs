@@ -134,13 +134,13 @@ impl Aggregate {
         self.phases.phase(tid, op, name);
     }
 
-    /// A failed call (written as an event): counted in its phase when it allocates. Returns
-    /// the GPU memory live on its device now, which a reader of the summary cannot replay.
-    pub fn failed(&mut self, api: u32, tid: u32, device: i32) -> u64 {
-        if let Some(&(kind, Op::Alloc)) = self.apis.get(&api) {
-            self.phases.failed(tid, (device, kind));
-        }
-        self.devices.get(&device).map_or(0, |d| d.live)
+    /// A failed call (written as an event): counted in its phase when it allocates. For a
+    /// failed allocation, returns the GPU memory live on its device now, which a reader of the
+    /// summary cannot replay (a failed free is no out-of-memory: `None`).
+    pub fn failed(&mut self, api: u32, tid: u32, device: i32) -> Option<u64> {
+        let &(kind, Op::Alloc) = self.apis.get(&api)? else { return None };
+        self.phases.failed(tid, (device, kind));
+        Some(self.devices.get(&device).map_or(0, |d| d.live))
     }
 
     /// Whether Api `id` allocates.
@@ -354,6 +354,16 @@ mod tests {
         // A later, higher peak replaces the first.
         assert!(a.absorb(&call(Op::Alloc, 0x4000, 500, 3, 70)));
         assert_eq!(sites(&a.summary(80, 6, true)), [(1, 1, 0, 100, 100, 1), (2, 1, 1, 0, 0, 0), (3, 2, 0, 530, 530, 2)]);
+    }
+
+    #[test]
+    fn a_failed_allocation_says_what_was_live_on_its_device_and_a_failed_free_says_nothing() {
+        let mut a = aggregate();
+        assert!(a.absorb(&call(Op::Alloc, 0x1000, 100, 1, 10)));
+        assert!(a.absorb(&call(Op::Alloc, 0x2000, 50, 2, 20)));
+        assert_eq!(a.failed(Op::Alloc as u32, 1, 0), Some(150));
+        assert_eq!(a.failed(Op::Alloc as u32, 1, 3), Some(0), "nothing live on that device");
+        assert_eq!(a.failed(Op::Free as u32, 1, 0), None, "a failed free is no out-of-memory");
     }
 
     #[test]

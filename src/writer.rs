@@ -356,7 +356,7 @@ impl Writer {
                 return Ok(());
             }
             if ev.result != 0 {
-                failure_live = Some(agg.failed(ev.api, ev.tid, ev.device));
+                failure_live = agg.failed(ev.api, ev.tid, ev.device);
             }
         }
         self.put(&Record::Event(fmt::Event {

@@ -280,4 +280,33 @@ mod tests {
         assert_eq!((g.live_bytes, g.live_count), (10, 1), "live at the end stays what it was");
         assert_eq!(t.python_exit_ns, Some(5));
     }
+
+    #[test]
+    fn a_failures_live_bytes_come_from_the_record_right_after_it_and_only_it() {
+        use gpumemtrace_format::{header, Api, AggFailure, Encoder, Op, Process};
+        let failed = |api: u32, addr: u64| {
+            Record::Event(Event { api, tid: 1, result: 2, addr, size: 1 << 40, ..Event::default() })
+        };
+        let recs = [
+            Record::Process(Process { pid: 1, max_frames: 64, ..Process::default() }),
+            Record::Api(Api { id: 0, name: "cudaMalloc".into(), kind: MemKind::Device, op: Op::Alloc }),
+            Record::Api(Api { id: 1, name: "cudaFree".into(), kind: MemKind::Device, op: Op::Free }),
+            start(0, true),
+            Record::AggEnd(0),
+            failed(0, 0),
+            Record::AggFailure(AggFailure { device: 0, live_bytes: 84 << 20 }),
+            // A failed free is no failure of the list: a record after it must not rewrite the
+            // allocation's.
+            failed(1, 0x5000),
+            Record::AggFailure(AggFailure { device: 0, live_bytes: 7 }),
+        ];
+        let mut bytes = header().to_vec();
+        let mut enc = Encoder::new();
+        for r in &recs {
+            enc.encode(r, &mut bytes);
+        }
+        let t = Trace::load_from(|| Ok(&bytes[..])).unwrap();
+        assert_eq!(t.failures.len(), 1);
+        assert_eq!(t.failures[0].live_bytes_on_device, 84 << 20);
+    }
 }

@@ -70,6 +70,8 @@ impl Trace {
         let mut groups = Groups::default();
         let mut series = TimeSeries::default();
         let mut backward = Backward::default();
+        // Whether the event just read was a failed allocation (an `AggFailure` describes it).
+        let mut last_event_failed = false;
         trace.outcome = for_each_record(open().map_err(|e| e.to_string())?, recovery(), |rec| {
             replay.context(&rec);
             match rec {
@@ -106,9 +108,11 @@ impl Trace {
                         }
                     }
                     seed_at_first_block(&mut groups.pools, &replay, &e);
+                    let failures = groups.failures.len();
                     if !replay.apply(&e, &mut All(&mut [&mut groups, &mut series, observe])) {
                         trace.unknown_api_events += 1;
                     }
+                    last_event_failed = groups.failures.len() > failures;
                 }
                 Record::Notice(n) => trace.notices.push(n),
                 Record::Stats(s) => trace.stats = Some(s),
@@ -125,7 +129,7 @@ impl Trace {
                 // Aggregate mode: what was live on the device when the failure just read was
                 // made (the replay has no live set to tell).
                 Record::AggFailure(a) => {
-                    if let Some(f) = groups.failures.last_mut().filter(|f| f.device == a.device) {
+                    if let Some(f) = groups.failures.last_mut().filter(|f| last_event_failed && f.device == a.device) {
                         f.live_bytes_on_device = a.live_bytes;
                     }
                 }
