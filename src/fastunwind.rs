@@ -132,12 +132,12 @@ struct PerThread {
 
 /// Return addresses of the current call stack, innermost first, starting at the first frame
 /// outside `skip` (the tracer's own segments), at most `max`, ending at the first frame inside
-/// `stop` (the interpreter, when its own stack replaces the rest). Also says whether the frames are
-/// exactly those of this thread's previous capture, and gives their key (`stackkey::hash`). A walk
-/// taken whole from memory fills `frames` only if `wanted(key)` (else it stays empty).
+/// `stop` (the interpreter, when its own stack replaces the rest). Returns their key
+/// (`stackkey::hash`). A walk taken whole from memory fills `frames` only if `wanted(key)` (else
+/// it stays empty).
 #[inline(never)]
 #[link_section = ".text.hot.gpumemtrace"]
-pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(u64, u64)], wanted: impl FnOnce(u64) -> bool) -> Result<(bool, u64), Unavailable> {
+pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(u64, u64)], wanted: impl FnOnce(u64) -> bool) -> Result<u64, Unavailable> {
     let (pc, sp, bp) = registers();
     let (lo, hi) = stack_bounds().ok_or(Unavailable)?;
     if sp < lo || sp >= hi {
@@ -165,7 +165,6 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                 let pick = memos.pick(&want);
                 crate::selftime::add(crate::selftime::Sub::Memo, t);
                 let (slot, keep_in) = (pick.slot, pick.keep_in);
-                let was_last = memos.is_last(slot);
                 if pick.whole {
                     let kept = memos.get(slot);
                     let key = kept.key;
@@ -174,7 +173,7 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                     }
                     memos.reused(slot);
                     flush_counts(walked, missed);
-                    return Ok((was_last, key));
+                    return Ok(key);
                 }
                 let memo = memos.get(slot);
                 let mut memo_ok = memo.snap == next.snap && memo.with_stop == next.with_stop;
@@ -209,11 +208,10 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                                 }
                                 memos.reused(slot);
                                 flush_counts(walked, missed);
-                                return Ok((was_last, key));
+                                return Ok(key);
                             }
                             if valid {
                                 memo_ok = false; // one hit per walk: it covers the rest
-                                same_as_memo &= j == k;
                                 let base = next.reads.len() as u32;
                                 let first = next.frames.len();
                                 let bp_here = regs.bp();
@@ -253,7 +251,6 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                                     break; // the previous walk reached the stack's end, unknown code or a stop frame here too
                                 }
                                 // The previous walk stopped at its limit: go on from its last frame.
-                                same_as_memo = false;
                                 let w = *next.frames.last().ok_or(Unavailable)?;
                                 next.frames.pop();
                                 frames.pop();
@@ -343,9 +340,7 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                 let key = next.key;
                 memos.keep(keep_in, sp, next);
                 flush_counts(walked, missed);
-                // The same frames as the memo's are the previous capture's only when the memo is
-                // the previous walk.
-                return Ok((same_as_memo && was_last, key));
+                return Ok(key);
             }
         })
         .map_err(|_| Unavailable)?

@@ -162,6 +162,11 @@ impl Journal {
         j::ring_offset(i) + field
     }
 
+    /// Where ring `i`'s data begins in the mapping.
+    fn data(i: usize) -> u64 {
+        j::ring_offset(i) + j::RING_CONTROL
+    }
+
     /// A ring for thread `tid`: a free one of its own if any is left, else the shared one.
     pub fn claim(&self, tid: u32) -> usize {
         for i in 0..SHARED {
@@ -238,10 +243,9 @@ impl Journal {
         assert!(len <= IN_PLACE_MAX);
         self.locked(i, || {
             self.push_owned(i, len, wait, |pos| {
-                let data = j::ring_offset(i) + j::RING_CONTROL;
                 let at = pos % j::RING_BYTES;
                 if at + len as u64 <= j::RING_BYTES {
-                    let off = (data + at) as usize;
+                    let off = (Self::data(i) + at) as usize;
                     assert!(off + len <= self.len);
                     // SAFETY: inside ring `i`'s data, in the range `push_owned` found free: the
                     // writer reads it only after the head moves past it, so for now this
@@ -315,7 +319,7 @@ impl Journal {
         // was a call to memmove).
         let len = len as u32;
         let frame = (len as u64 | ((!len as u64) << 32)).to_le();
-        let at = j::ring_offset(i) + j::RING_CONTROL + head % j::RING_BYTES;
+        let at = Self::data(i) + head % j::RING_BYTES;
         debug_assert!(at.is_multiple_of(8));
         self.u64(at).store(frame, Relaxed); // published by the head's Release store below
         write(head + j::FRAME);
@@ -326,13 +330,11 @@ impl Journal {
     /// Writes `src` at ring position `pos`, wrapping around the ring's end.
     #[link_section = ".text.hot.gpumemtrace"]
     fn ring_write(&self, i: usize, pos: u64, src: &[u8]) {
-        let data = j::ring_offset(i) + j::RING_CONTROL;
-        j::pieces(pos, src.len(), |at, r| self.bytes(data + at, &src[r]));
+        j::pieces(pos, src.len(), |at, r| self.bytes(Self::data(i) + at, &src[r]));
     }
 
     fn ring_read(&self, i: usize, pos: u64, dst: &mut [u8]) {
-        let data = j::ring_offset(i) + j::RING_CONTROL;
-        j::pieces(pos, dst.len(), |at, r| self.read(data + at, &mut dst[r]));
+        j::pieces(pos, dst.len(), |at, r| self.read(Self::data(i) + at, &mut dst[r]));
     }
 
     /// On the writer: the entries of ring `i` from `from` up to what producers published,
@@ -507,11 +509,11 @@ mod tests {
         for n in 0..40_000u64 {
             let e = event(n);
             let plan = j::plan_event(&e);
-            assert!(plan.len() <= IN_PLACE_MAX);
+            assert!(plan.bytes() <= IN_PLACE_MAX);
             let head = jn.u64(Journal::control(me, ring::HEAD)).load(Relaxed);
             let at = (head + j::FRAME) % j::RING_BYTES;
-            wrapped += (at + plan.len() as u64 > j::RING_BYTES) as usize;
-            let r = jn.push_in_place(me, plan.len(), |_| {
+            wrapped += (at + plan.bytes() as u64 > j::RING_BYTES) as usize;
+            let r = jn.push_in_place(me, plan.bytes(), |_| {
                 pos = jn.take(me, pos, |_, bytes| {
                     assert_eq!(j::decode(bytes).unwrap(), j::Entry::Msg(Msg::Event(event(got))));
                     got += 1;

@@ -257,9 +257,9 @@ fn push(t: &Tracer, ring: usize, msg: MsgRef) {
     if let MsgRef::Event(e) = msg {
         if e.py.as_ref().is_none_or(|p| p.new_codes.is_empty()) {
             let plan = jfmt::plan_event(e);
-            if plan.len() <= ring::IN_PLACE_MAX {
-                let after = t.journal.push_in_place(ring, plan.len(), room_waiter(t), |dst| jfmt::write_event(e, &plan, dst));
-                pushed(after, plan.len());
+            if plan.bytes() <= ring::IN_PLACE_MAX {
+                let after = t.journal.push_in_place(ring, plan.bytes(), room_waiter(t), |dst| jfmt::write_event(e, &plan, dst));
+                pushed(after, plan.bytes());
                 return;
             }
         }

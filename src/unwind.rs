@@ -41,8 +41,6 @@ const SEEN: usize = 1024;
 
 struct PerThread {
     scratch: Vec<u64>,
-    /// Key of the previous capture: an unchanged stack is not hashed again.
-    last_key: u64,
     seen: Box<[u64; SEEN]>,
     /// The tracer start (`clock::epoch`) the set belongs to: a forked child's new writer knows
     /// none of the parent's keys.
@@ -63,22 +61,18 @@ pub fn capture(max: usize, stop: &[(u64, u64)]) -> Stack {
     let epoch = crate::clock::epoch();
     let r = PER_THREAD.try_with(|p| {
         let Ok(mut p) = p.try_borrow_mut() else { return None };
-        let p = p.get_or_insert_with(|| PerThread { scratch: Vec::with_capacity(max), last_key: 0, seen: Box::new([0; SEEN]), epoch });
+        let p = p.get_or_insert_with(|| PerThread { scratch: Vec::with_capacity(max), seen: Box::new([0; SEEN]), epoch });
         if p.epoch != epoch {
             p.seen.fill(0);
             p.epoch = epoch;
         }
         // A walk taken whole from memory is copied out only if this thread has not sent its
         // frames yet (`wanted`): else its key alone is handed over.
-        let PerThread { scratch, last_key, seen, .. } = p;
+        // The fast unwinder gives the key (kept with each walk); libgcc's walk is hashed here.
+        let PerThread { scratch, seen, .. } = p;
         let mut decided = None;
-        let (same, known) = capture_into(scratch, max, stop, |key| *decided.insert(first_use(seen, key)));
-        let key = match known {
-            Some(k) => k,
-            None if same && *last_key != 0 => *last_key,
-            None => hash(scratch),
-        };
-        *last_key = key;
+        let known = capture_into(scratch, max, stop, |key| *decided.insert(first_use(seen, key)));
+        let key = known.unwrap_or_else(|| hash(scratch));
         if key == 0 || !decided.unwrap_or_else(|| first_use(seen, key)) {
             return Some(Stack { key, frames: Vec::new() });
         }
@@ -89,7 +83,7 @@ pub fn capture(max: usize, stop: &[(u64, u64)]) -> Stack {
         _ => {
             // Thread teardown (or reentry): no per-thread state, send everything.
             let mut frames = Vec::with_capacity(max);
-            let (_, known) = capture_into(&mut frames, max, stop, |_| true);
+            let known = capture_into(&mut frames, max, stop, |_| true);
             Stack { key: known.unwrap_or_else(|| hash(&frames)), frames }
         }
     }
@@ -108,17 +102,16 @@ fn first_use(seen: &mut [u64; SEEN], key: u64) -> bool {
 /// a process where this happens often pays libgcc's price per event.
 pub static FALLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// Fills `frames`; says whether they are exactly those of this thread's previous capture, and
-/// their key when the unwinder already knew it (a walk taken whole from memory: then `frames`
-/// is filled only if `wanted(key)`).
+/// Fills `frames`; returns their key when the fast unwinder gives it (a walk taken whole from
+/// memory then fills `frames` only if `wanted(key)`).
 #[link_section = ".text.hot.gpumemtrace"]
-fn capture_into(frames: &mut Vec<u64>, max: usize, stop: &[(u64, u64)], wanted: impl FnOnce(u64) -> bool) -> (bool, Option<u64>) {
+fn capture_into(frames: &mut Vec<u64>, max: usize, stop: &[(u64, u64)], wanted: impl FnOnce(u64) -> bool) -> Option<u64> {
     frames.clear();
     let ours = ours();
     #[cfg(target_arch = "x86_64")]
     if use_fast() {
-        if let Ok((same, key)) = crate::fastunwind::capture(frames, max, ours, stop, wanted) {
-            return (same, Some(key));
+        if let Ok(key) = crate::fastunwind::capture(frames, max, ours, stop, wanted) {
+            return Some(key);
         }
         FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
@@ -141,5 +134,5 @@ fn capture_into(frames: &mut Vec<u64>, max: usize, stop: &[(u64, u64)], wanted: 
             frames.len() < max && !stop.iter().any(|&(s, e)| ip >= s && ip < e)
         });
     }
-    (false, None)
+    None
 }

@@ -299,11 +299,6 @@ impl Memos {
         &self.walks[slot]
     }
 
-    /// Whether `slot` holds this thread's previous walk.
-    pub fn is_last(&self, slot: usize) -> bool {
-        slot == self.last
-    }
-
     /// The walk in `slot` was taken whole.
     #[link_section = ".text.hot.gpumemtrace"]
     pub fn reused(&mut self, slot: usize) {

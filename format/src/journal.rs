@@ -185,18 +185,6 @@ impl<'a> From<&'a Msg> for MsgRef<'a> {
     }
 }
 
-impl<'a> From<&'a RawEvent> for MsgRef<'a> {
-    fn from(e: &'a RawEvent) -> Self {
-        MsgRef::Event(e)
-    }
-}
-
-impl<'a> From<&'a RawPhase> for MsgRef<'a> {
-    fn from(p: &'a RawPhase) -> Self {
-        MsgRef::Phase(p)
-    }
-}
-
 /// The sequence number of an event's or a phase's entry, read without decoding it.
 pub fn seq_of(payload: &[u8]) -> Option<u64> {
     match payload.first() {
@@ -287,12 +275,8 @@ pub struct EventPlan<'a> {
 
 impl EventPlan<'_> {
     /// The entry's payload bytes.
-    pub fn len(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 }
 
@@ -333,7 +317,7 @@ pub fn plan_event(e: &RawEvent) -> EventPlan<'_> {
     EventPlan { mask, len, frames, py_frames, name }
 }
 
-/// Writes event `e` as `plan` (made from it) lays it out; `out` is `plan.len()` bytes.
+/// Writes event `e` as `plan` (made from it) lays it out; `out` is `plan.bytes()` long.
 #[link_section = ".text.hot.gpumemtrace"]
 pub fn write_event(e: &RawEvent, plan: &EventPlan, out: &mut [u8]) {
     use present as p;
