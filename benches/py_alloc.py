@@ -1,7 +1,9 @@
 """Python driver for benches/overhead.rs: N cuMemAlloc_v2 + cuMemFree_v2 pairs through ctypes
 (GIL released, as in PyTorch) from a Python stack DEPTH frames deep. Prints one line:
     pairs=N depth=D wall_ns=W
-Usage: python3 py_alloc.py LIBCUDA PAIRS DEPTH"""
+Usage: python3 py_alloc.py LIBCUDA PAIRS DEPTH
+BENCH_COLD_KB=N: between pairs, copy N KiB (so the tracer's lines are evicted, as on a busy host)."""
+import os
 import ctypes
 import sys
 import time
@@ -16,6 +18,10 @@ alloc, free = lib.cuMemAlloc_v2, lib.cuMemFree_v2
 free.argtypes = [ctypes.c_uint64]
 
 
+cold_kb = int(os.environ.get("BENCH_COLD_KB", "0"))
+src, dst = bytearray(cold_kb << 10), bytearray(cold_kb << 10)
+
+
 def loop():
     p = ctypes.c_uint64()
     ref = ctypes.byref(p)
@@ -23,6 +29,8 @@ def loop():
     for i in range(pairs):
         alloc(ref, 4096)
         free(p.value)
+        if cold_kb:
+            dst[:] = src
     return time.perf_counter_ns() - t0
 
 

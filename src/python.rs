@@ -17,7 +17,7 @@
 //!   code object's type compared with `PyCode_Type`. A frame is (code pointer, instruction
 //!   byte offset, entry flag).
 //! - Code objects: the first time the process sees one (a lock-free cache keyed by address and
-//!   a signature of its name/file/line-table pointers, against address reuse), the hook copies
+//!   a signature of its name, file, first line and line table, against address reuse), the hook copies
 //!   what the writer needs (names, file, first line, a copy of the line table) while the frame
 //!   keeps it alive. Lines are computed offline by the CLI.
 //!
@@ -25,7 +25,7 @@
 //! `offsetof` probe compiled with `Py_BUILD_CORE`; 3.13's come from the interpreter itself.
 
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
 use std::sync::Mutex;
 
 use once_cell::sync::OnceCell;
@@ -61,6 +61,8 @@ struct Interp {
     layout: Layout,
     get_tstate: GetTstate,
     is_initialized: IsInitialized,
+    /// The flag `is_initialized` reads, where its code says (see `flag_read_by`).
+    initialized_flag: Option<u64>,
     code_type: u64,
     unicode_type: u64,
     bytes_type: u64,
@@ -199,6 +201,7 @@ fn detect() -> Detected {
         layout,
         get_tstate,
         is_initialized,
+        initialized_flag: flag_read_by(is_init as *const u8),
         code_type: types[0] as u64,
         unicode_type: types[1] as u64,
         bytes_type: types[2] as u64,
@@ -230,13 +233,11 @@ pub fn capture(now_ns: u64, sent: impl FnOnce(u64) -> bool) -> Option<Keyed> {
         return None;
     }
     let interp = interp(now_ns)?;
-    // SAFETY: Py_IsInitialized reads one runtime flag; no GIL needed. Before initialization
-    // (or after finalization) the thread-state key is not valid, so we stop here.
-    if unsafe { (interp.is_initialized)() } == 0 {
+    // Before initialization (or after finalization) the thread-state key is not valid.
+    if !initialized(interp) {
         return None;
     }
-    // SAFETY: PyGILState_GetThisThreadState reads thread-specific storage; no GIL needed.
-    let tstate = unsafe { (interp.get_tstate)() } as u64;
+    let tstate = this_thread_state(interp);
     let r = PREV.try_with(|prev| {
         let Ok(mut prev) = prev.try_borrow_mut() else { return None };
         let (prev_frames, prev_key, scratch) = &mut *prev;
@@ -288,17 +289,110 @@ pub fn has_frames() -> bool {
         return false;
     }
     let Some(interp) = INTERP.get() else { return false };
-    // SAFETY: as in `capture`.
-    if unsafe { (interp.is_initialized)() } == 0 {
+    if !initialized(interp) {
         return false;
     }
-    // SAFETY: as in `capture`.
-    let tstate = unsafe { (interp.get_tstate)() } as u64;
+    let tstate = this_thread_state(interp);
     if !plausible(tstate, 8) {
         return false;
     }
     // SAFETY: `tstate` is this thread's live thread state of the detected interpreter.
     plausible(unsafe { current_frame(&interp.layout, tstate) }, 8)
+}
+
+/// Whether the interpreter is initialized: its flag read where `Py_IsInitialized` reads it, when
+/// that function's code says where (a call into libpython, whose code and data lines a busy
+/// host has evicted, was a quarter of a Python stack's cost there).
+#[link_section = ".text.hot.gpumemtrace"]
+fn initialized(interp: &Interp) -> bool {
+    match interp.initialized_flag {
+        // SAFETY: the address of `_PyRuntime.initialized` (an int in libpython's data), taken
+        // from the instruction that `Py_IsInitialized` reads it with.
+        Some(flag) => unsafe { std::ptr::read_volatile(flag as *const i32) != 0 },
+        // SAFETY: Py_IsInitialized reads one runtime flag; no GIL needed.
+        None => unsafe { (interp.is_initialized)() != 0 },
+    }
+}
+
+/// Where `Py_IsInitialized` (at `f`) reads its flag, if its code is just that: an optional
+/// `endbr64`, `mov eax, [rip + disp32]`, `ret`. Anything else (another compiler's code, a
+/// debug build) gets `None`, and the function is called.
+fn flag_read_by(f: *const u8) -> Option<u64> {
+    if !cfg!(target_arch = "x86_64") {
+        return None;
+    }
+    // Bytes are read one at a time up to the first that differs: each one read is then part
+    // of the instructions matched so far, so inside the function.
+    // SAFETY: `f` is a function's entry in a mapped, readable text segment.
+    let at = |i: usize| unsafe { f.add(i).read() };
+    let mut i = 0;
+    if at(0) == 0xF3 {
+        if (at(1), at(2), at(3)) != (0x0F, 0x1E, 0xFA) {
+            return None;
+        }
+        i = 4;
+    }
+    if at(i) != 0x8B || at(i + 1) != 0x05 {
+        return None;
+    }
+    let disp = i32::from_le_bytes([at(i + 2), at(i + 3), at(i + 4), at(i + 5)]);
+    if at(i + 6) != 0xC3 {
+        return None;
+    }
+    Some((f as u64).wrapping_add((i + 6) as u64).wrapping_add(disp as i64 as u64)).filter(|&a| plausible(a, 4))
+}
+
+/// The pthread key under which the interpreter keeps each thread's state, once found (see
+/// `find_key`): then the state is one `pthread_getspecific`, not two nested calls into
+/// libpython whose code and data lines a busy host has evicted between two events.
+static TSS_KEY: AtomicU32 = AtomicU32::new(KEY_UNKNOWN);
+const KEY_UNKNOWN: u32 = u32::MAX;
+/// Not found, or not unambiguously: the interpreter's function is always called.
+const KEY_NONE: u32 = u32::MAX - 1;
+
+/// The calling thread's Python thread state (0: none). Only after `Py_IsInitialized` said yes.
+#[link_section = ".text.hot.gpumemtrace"]
+fn this_thread_state(interp: &Interp) -> u64 {
+    let key = TSS_KEY.load(Relaxed);
+    if key < KEY_NONE {
+        // SAFETY: a key the interpreter created (see `find_key`); glibc answers null for a
+        // key deleted since (the interpreter deletes it after it has stopped being initialized).
+        return unsafe { libc::pthread_getspecific(key as libc::pthread_key_t) } as u64;
+    }
+    // SAFETY: PyGILState_GetThisThreadState reads thread-specific storage; no GIL needed.
+    let tstate = unsafe { (interp.get_tstate)() } as u64;
+    if key == KEY_UNKNOWN && tstate != 0 {
+        find_key(tstate);
+    }
+    tstate
+}
+
+/// `PyGILState_GetThisThreadState` is `pthread_getspecific` of the key in `_PyRuntime` (3.10
+/// to 3.13, pthread builds), whose offset differs by version and build. The key is found by
+/// value instead: the one key whose value on this thread is the state the interpreter just
+/// gave. Another key holding the same pointer (a binding library keeping the state too) makes
+/// it ambiguous: then the interpreter's function stays.
+#[cold]
+fn find_key(tstate: u64) {
+    if !cfg!(target_env = "gnu") {
+        // Other C libraries may not answer for keys never created.
+        TSS_KEY.store(KEY_NONE, Relaxed);
+        return;
+    }
+    // SAFETY: sysconf has no preconditions.
+    let max = unsafe { libc::sysconf(libc::_SC_THREAD_KEYS_MAX) }.clamp(0, 1024) as u32;
+    let mut found = KEY_NONE;
+    for k in 0..max {
+        // SAFETY: glibc answers null for a key below its maximum that was never created.
+        if unsafe { libc::pthread_getspecific(k as libc::pthread_key_t) } as u64 == tstate {
+            if found != KEY_NONE {
+                found = KEY_NONE;
+                break;
+            }
+            found = k;
+        }
+    }
+    TSS_KEY.store(found, Relaxed);
 }
 
 /// The thread's innermost frame pointer (unchecked: the caller tests it with `plausible`).
@@ -383,19 +477,25 @@ unsafe fn walk(interp: &Interp, tstate: u64, out: &mut PyCapture, prev: &[RawPyF
     }
 }
 
-/// What identifies a code object beyond its address: the addresses of its name, file and line
-/// table objects and its first line. A freed code object's address reused by another gives a
-/// different signature (short of all of them being reused alike).
+/// What identifies a code object beyond its address, by what the writer copies of it: the
+/// hashes of its name and file name (the `str` objects' own cached hashes), its first line and
+/// its line table's address. Pointers alone are not enough: a code object freed and compiled
+/// again (generated code, `exec` in a loop, an FX graph recompiled) takes the old one's
+/// address, and its name and file strings can take the old strings' addresses too; then
+/// its allocations were named, and their lines read, as the old function's. What can still
+/// collide is a function of the same name, file and first line whose line table took the old
+/// table's address: a function edited and compiled again in place.
 ///
 /// # Safety
 /// `code` must be a live code object.
 #[link_section = ".text.hot.gpumemtrace"]
 unsafe fn signature(l: &Layout, code: u64) -> u64 {
-    // SAFETY: fields of a live code object.
+    // SAFETY: fields of a live code object; its name and file name are live `str` objects
+    // (checked non-null and aligned), whose cached hash is at 24 in every supported version.
     let (name, file, table, line) = unsafe {
         (
-            read::<u64>(code + l.code_name as u64),
-            read::<u64>(code + l.code_filename as u64),
+            str_hash(read::<u64>(code + l.code_name as u64)),
+            str_hash(read::<u64>(code + l.code_filename as u64)),
             read::<u64>(code + l.code_linetable as u64),
             read::<u32>(code + l.code_firstlineno as u64),
         )
@@ -406,6 +506,23 @@ unsafe fn signature(l: &Layout, code: u64) -> u64 {
         h ^= h >> 31;
     }
     h | 1
+}
+
+/// A `str`'s cached hash (-1 while never computed; the names of code objects are interned,
+/// hashed when interned), else its address.
+///
+/// # Safety
+/// `s` must be null or a live `str`.
+#[link_section = ".text.hot.gpumemtrace"]
+unsafe fn str_hash(s: u64) -> u64 {
+    if !plausible(s, 8) {
+        return 0;
+    }
+    // SAFETY: the caller's promise.
+    match unsafe { read::<i64>(s + 24) } {
+        -1 => s,
+        h => h as u64,
+    }
 }
 
 /// # Safety
@@ -528,6 +645,35 @@ pub fn forget_codes() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn the_initialized_flag_is_read_where_py_isinitialized_reads_it() {
+        // `mov eax, [rip + disp]; ret`, with and without `endbr64`: the flag (an aligned int) is
+        // at the end of the `mov` plus the displacement.
+        let code = |prefix: &[u8], end: u64| -> (Vec<u8>, u64) {
+            let mut v = vec![0u8; 16];
+            let at = v.as_ptr() as u64 + prefix.len() as u64 + 6;
+            let disp = 0x1000 + (4 - at % 4) % 4;
+            let bytes: Vec<u8> = prefix.iter().copied().chain([0x8B, 0x05]).chain((disp as i32).to_le_bytes()).chain([end as u8]).collect();
+            v[..bytes.len()].copy_from_slice(&bytes);
+            (v, at + disp)
+        };
+        for prefix in [&[][..], &[0xF3, 0x0F, 0x1E, 0xFA][..]] {
+            let (v, flag) = code(prefix, 0xC3);
+            assert_eq!(flag_read_by(v.as_ptr()), Some(flag), "{v:x?}");
+            let (v, _) = code(prefix, 0x90);
+            assert_eq!(flag_read_by(v.as_ptr()), None, "more code after the load: {v:x?}");
+        }
+        // Anything else is called instead: another register, more code, another prefix.
+        for other in [
+            [0x8B, 0x0D, 0x00, 0x10, 0x00, 0x00, 0xC3, 0, 0, 0, 0],
+            [0xF3, 0x0F, 0x1E, 0xFB, 0x8B, 0x05, 0x00, 0x10, 0x00, 0x00, 0xC3],
+            [0x55, 0x48, 0x89, 0xE5, 0, 0, 0, 0, 0, 0, 0],
+        ] {
+            assert_eq!(flag_read_by(other.as_ptr()), None, "{other:x?}");
+        }
+    }
 
     #[test]
     fn cache_remembers_by_address_and_signature() {

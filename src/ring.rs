@@ -5,7 +5,7 @@
 //! rings share the last one under a lock. The page cache holds what a hook wrote even after the
 //! process dies, so the trace can be completed from the journal after a `SIGKILL`.
 //!
-//! Uses `output` (no SIGXFSZ while the journal file grows) and nothing else in the crate.
+//! Uses `output` (no SIGXFSZ while the journal file grows), `prefetch`, and nothing else in the crate.
 
 use std::fs::OpenOptions;
 use std::io;
@@ -324,6 +324,12 @@ impl Journal {
         self.u64(at).store(frame, Relaxed); // published by the head's Release store below
         write(head + j::FRAME);
         head_at.store(head + total, Release);
+        // The next entry's lines, claimed for writing now, while the host runs on: the writer
+        // read them a lap ago, so writing them cold would wait for another core's cache.
+        let next = head + total;
+        for ahead in [64, 128] {
+            crate::prefetch::write(self.base as u64 + Self::data(i) + (next + ahead) % j::RING_BYTES);
+        }
         Some(head + total - done)
     }
 

@@ -117,6 +117,33 @@ fn python_sites_name_the_exact_line_and_function_of_each_call() {
 }
 
 #[test]
+fn a_code_object_at_a_freed_ones_address_is_named_as_itself() {
+    for python in pythons() {
+        let run = run_python(&python, &["--reuse"], &[]);
+        assert!(run.out.status.success(), "{python}: {}", run.stderr);
+        let calls = logged_calls(&run.stdout);
+        assert_eq!(calls.len(), 24, "{python}: {}", run.stdout);
+        // The test means something only if addresses were reused.
+        let mut codes: Vec<&str> = calls.iter().map(|c| c["code"].as_str()).collect();
+        codes.sort();
+        codes.dedup();
+        assert!(codes.len() < calls.len(), "{python}: no code object address was reused: {codes:?}");
+        let s = summary_json(&run.traces[0]);
+        let sites = s["traces"][0]["groups"][0]["leak_sites"].as_array().unwrap().clone();
+        assert_eq!(sites.len(), calls.len(), "{python}: one site a function: {sites:#?}");
+        for c in &calls {
+            let (func, line, size) = (c["func"].as_str(), c["line"].parse::<u64>().unwrap(), c["size"].parse::<u64>().unwrap());
+            let site = sites
+                .iter()
+                .find(|s| s["function"].as_str() == Some(func))
+                .unwrap_or_else(|| panic!("{python}: no site {func} in {sites:#?}"));
+            assert_eq!(site["line"].as_u64(), Some(line), "{python}: {func}");
+            assert_eq!(site["bytes"].as_u64(), Some(size), "{python}: {func}");
+        }
+    }
+}
+
+#[test]
 fn python_capture_can_be_turned_off() {
     let run = run_python("python3", &[], &[("GPUMEMTRACE_PYTHON", "0")]);
     assert!(run.out.status.success(), "{}", run.stderr);

@@ -3,10 +3,14 @@
 threads, a generator, a class method and through a stdlib module (sched). Every allocation is
 leaked on purpose and logged on stdout with the line and function that made it:
     py_alloc size=N line=L func=QUALNAME thread=NAME
-Usage: python3 alloc.py /path/to/libcuda.so.1 [--no-calls | --frees]
+Usage: python3 alloc.py /path/to/libcuda.so.1 [--no-calls | --frees | --reuse]
 --frees: instead, two blocks freed from Python, one by the main thread and one by a worker
 thread, each logged as `py_free addr=A thread=NAME`.
+--reuse: instead, functions compiled one after another, each called once and dropped, so that
+later code objects take the addresses of earlier ones; each call is logged as above with
+`code=ADDRESS` added.
 """
+import gc
 import ctypes
 import sched
 import sys
@@ -23,7 +27,7 @@ def log(size, r):
     assert r == 0, r
     with lock:
         print(f"py_alloc size={size} line={f.f_lineno} func={f.f_code.co_qualname if hasattr(f.f_code, 'co_qualname') else f.f_code.co_name} "
-              f"thread={threading.current_thread().name}", flush=True)
+              f"thread={threading.current_thread().name} code={id(f.f_code)}", flush=True)
 
 
 def setup():
@@ -87,7 +91,23 @@ def frees():
     worker.join()
 
 
+def reuse():
+    setup()
+    for k in range(24):
+        # Each function at its own line of its own name: a code object that took a freed one's
+        # address must not be named (or have its lines read) as the old one.
+        src = "\n" * (k % 5) + f"def made_{k}(n):\n    p = ctypes.c_uint64(); r = lib.cuMemAlloc_v2(ctypes.byref(p), n); log(n, r)\n"
+        ns = {"ctypes": ctypes, "lib": lib, "log": log}
+        exec(compile(src, "generated.py", "exec"), ns)
+        ns[f"made_{k}"](4096 * (k + 1))
+        del ns
+        gc.collect()
+
+
 def main():
+    if "--reuse" in sys.argv:
+        reuse()
+        return
     if "--no-calls" in sys.argv:
         print("no calls made")
         return
