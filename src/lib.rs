@@ -5,7 +5,7 @@
 //!
 //! - Entry points, what the loader and the program reach:
 //!   [`hooks`] (the exported hooks and lookup entry points, generated from the table, and
-//!   `dlsym`), [`phases`] and [`nvtx`] (phase marks), [`exec`] (finish the trace before `exec*`).
+//!   `dlsym`), [`phases`] and [`nvtx`] (phase marks), [`control`] (pause and resume), [`exec`] (finish the trace before `exec*`).
 //! - Decisions at the entry: [`routing`] (which hook stands for a function that `dlsym` or
 //!   `cuGetProcAddress` returned), [`hotpath`] (what every hook does around the real call:
 //!   reentrancy guard, event fields, stacks, hand-off; readable top-down).
@@ -21,7 +21,7 @@
 //!   [`clock`] (time, call order, tracer starts), [`thread`] (thread id and name), [`config`]
 //!   (every environment variable), [`resolve`], [`modules`], [`phdr`] (the one walk over the
 //!   loaded objects), [`lazy`] (the one slot type for a function found on first use), [`guard`],
-//!   [`output`], [`cuda`], [`stackkey`] (a stack's key), [`prefetch`] (cache hints), [`aggregate`] (the summaries of aggregate mode) [`backward`]
+//!   [`output`], [`cuda`], [`stackkey`] (a stack's key), [`prefetch`] (cache hints), [`pause`] (the pause switch), [`aggregate`] (the summaries of aggregate mode) [`backward`]
 //!   (its attribution of PyTorch's backward threads) and [`phase_totals`] (its totals by phase).
 //!
 //! `unsafe` lives in the FFI-facing modules, each use with a `// SAFETY:` note.
@@ -31,6 +31,7 @@ mod backward;
 mod phase_totals;
 mod clock;
 mod config;
+mod control;
 mod crash;
 mod exec;
 mod exits;
@@ -45,6 +46,7 @@ mod modules;
 mod nvtx;
 mod output;
 mod phdr;
+mod pause;
 mod phases;
 mod prefetch;
 mod pylayout;

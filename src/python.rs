@@ -300,6 +300,18 @@ pub fn has_frames() -> bool {
     plausible(unsafe { current_frame(&interp.layout, tstate) }, 8)
 }
 
+/// How the hooks find the interpreter's state (for self-measurement's notices), once detected.
+pub fn lookups() -> Option<String> {
+    let interp = INTERP.get()?;
+    let key = match TSS_KEY.load(Relaxed) {
+        KEY_UNKNOWN => "not looked for yet (PyGILState_GetThisThreadState)".to_owned(),
+        KEY_NONE => "PyGILState_GetThisThreadState (no single key holds it)".to_owned(),
+        k => format!("pthread key {k}"),
+    };
+    let flag = if interp.initialized_flag.is_some() { "its flag, read directly" } else { "Py_IsInitialized" };
+    Some(format!("Python lookups: thread state by {key}; initialized by {flag}"))
+}
+
 /// Whether the interpreter is initialized: its flag read where `Py_IsInitialized` reads it, when
 /// that function's code says where (a call into libpython, whose code and data lines a busy
 /// host has evicted, was a quarter of a Python stack's cost there).
@@ -315,8 +327,11 @@ fn initialized(interp: &Interp) -> bool {
 }
 
 /// Where `Py_IsInitialized` (at `f`) reads its flag, if its code is just that: an optional
-/// `endbr64`, `mov eax, [rip + disp32]`, `ret`. Anything else (another compiler's code, a
-/// debug build) gets `None`, and the function is called.
+/// `endbr64`, then `mov eax, [rip + d32]; ret` (a libpython built without semantic
+/// interposition, or an interpreter linked into the executable), or `mov rax, [rip + d32]`
+/// (the address of `_PyRuntime` from the GOT, filled in at load), `mov eax, [rax + d8/d32]`,
+/// `ret`. Anything else (another compiler's code, a debug build) gets `None`, and the function
+/// is called.
 fn flag_read_by(f: *const u8) -> Option<u64> {
     if !cfg!(target_arch = "x86_64") {
         return None;
@@ -325,6 +340,7 @@ fn flag_read_by(f: *const u8) -> Option<u64> {
     // of the instructions matched so far, so inside the function.
     // SAFETY: `f` is a function's entry in a mapped, readable text segment.
     let at = |i: usize| unsafe { f.add(i).read() };
+    let d32 = |i: usize| i32::from_le_bytes([at(i), at(i + 1), at(i + 2), at(i + 3)]) as i64 as u64;
     let mut i = 0;
     if at(0) == 0xF3 {
         if (at(1), at(2), at(3)) != (0x0F, 0x1E, 0xFA) {
@@ -332,14 +348,41 @@ fn flag_read_by(f: *const u8) -> Option<u64> {
         }
         i = 4;
     }
-    if at(i) != 0x8B || at(i + 1) != 0x05 {
+    let flag = if (at(i), at(i + 1)) == (0x8B, 0x05) {
+        let flag = (f as u64).wrapping_add(i as u64 + 6).wrapping_add(d32(i + 2));
+        i += 6;
+        flag
+    } else if (at(i), at(i + 1), at(i + 2)) == (0x48, 0x8B, 0x05) {
+        let slot = (f as u64).wrapping_add(i as u64 + 7).wrapping_add(d32(i + 3));
+        i += 7;
+        let off = match (at(i), at(i + 1)) {
+            (0x8B, 0x40) => {
+                i += 3;
+                at(i - 1) as i8 as i64 as u64
+            }
+            (0x8B, 0x80) => {
+                i += 6;
+                d32(i - 4)
+            }
+            _ => return None,
+        };
+        if at(i) != 0xC3 || !plausible(slot, 8) {
+            return None;
+        }
+        // SAFETY: a GOT slot of the object holding `f` (the displacement of an instruction of
+        // this function), filled in by the loader before any of its code ran.
+        let runtime = unsafe { read::<u64>(slot) };
+        if !plausible(runtime, 8) {
+            return None;
+        }
+        return Some(runtime.wrapping_add(off)).filter(|&a| plausible(a, 4));
+    } else {
+        return None;
+    };
+    if at(i) != 0xC3 {
         return None;
     }
-    let disp = i32::from_le_bytes([at(i + 2), at(i + 3), at(i + 4), at(i + 5)]);
-    if at(i + 6) != 0xC3 {
-        return None;
-    }
-    Some((f as u64).wrapping_add((i + 6) as u64).wrapping_add(disp as i64 as u64)).filter(|&a| plausible(a, 4))
+    Some(flag).filter(|&a| plausible(a, 4))
 }
 
 /// The pthread key under which the interpreter keeps each thread's state, once found (see
@@ -665,6 +708,15 @@ mod tests {
             let (v, _) = code(prefix, 0x90);
             assert_eq!(flag_read_by(v.as_ptr()), None, "more code after the load: {v:x?}");
         }
+        // Through the GOT: `mov rax, [rip + d]; mov eax, [rax + 16]; ret`, the slot 32 bytes
+        // after the code (at 32 of an 8-aligned buffer) holding `_PyRuntime`'s address.
+        let runtime = [0u64; 4];
+        let mut v = vec![0u64; 8];
+        v[4] = runtime.as_ptr() as u64;
+        let code: Vec<u8> = [0x48, 0x8B, 0x05].into_iter().chain((32 - 7i32).to_le_bytes()).chain([0x8B, 0x40, 0x10, 0xC3]).collect();
+        // SAFETY: 11 bytes into the first 16 of the 64-byte buffer.
+        unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), v.as_mut_ptr().cast::<u8>(), code.len()) };
+        assert_eq!(flag_read_by(v.as_ptr().cast()), Some(runtime.as_ptr() as u64 + 16));
         // Anything else is called instead: another register, more code, another prefix.
         for other in [
             [0x8B, 0x0D, 0x00, 0x10, 0x00, 0x00, 0xC3, 0, 0, 0, 0],

@@ -82,9 +82,10 @@ static FLUSH_REQUESTED: AtomicU64 = AtomicU64::new(0);
 static FLUSH_DONE: AtomicU64 = AtomicU64::new(0);
 static FATAL_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
+/// Whether hooks should only forward: tracing is off, or paused (`control`).
 #[link_section = ".text.hot.gpumemtrace"]
 pub fn is_off() -> bool {
-    STATE.load(SeqCst) == OFF
+    STATE.load(SeqCst) == OFF || crate::pause::paused()
 }
 
 pub fn max_frames() -> usize {

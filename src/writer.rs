@@ -552,6 +552,15 @@ impl Writer {
         }
         if let Some(line) = crate::selftime::report() {
             self.notice(&line);
+            if let Some(how) = crate::python::lookups() {
+                self.notice(&how);
+            }
+        }
+        let pauses = crate::pause::count();
+        if pauses > 0 {
+            self.notice(&format!(
+                "tracing was paused {pauses} times (gpumemtrace_pause): calls made while paused are not in the trace, so live memory and leaks are not exact"
+            ));
         }
         let waited = crate::ring::WAITED.load(std::sync::atomic::Ordering::Relaxed);
         if waited > 0 {

@@ -175,7 +175,7 @@ fn no_source_file_is_over_800_lines() {
 #[test]
 fn the_shims_bottom_modules_depend_on_nothing() {
     let deps = Crate::read("src").dependencies();
-    for m in ["record", "clock", "thread", "config", "crash", "guard", "cuda", "output", "phdr", "lazy", "pylayout", "stackkey", "prefetch"] {
+    for m in ["record", "clock", "thread", "config", "crash", "guard", "cuda", "output", "phdr", "lazy", "pylayout", "stackkey", "prefetch", "pause"] {
         assert!(deps[m].is_empty(), "{m} depends on {:?}", deps[m]);
     }
     assert_eq!(deps["modules"], ["phdr"]);

@@ -143,6 +143,40 @@ fn a_code_object_at_a_freed_ones_address_is_named_as_itself() {
     }
 }
 
+/// The thread state is read through the interpreter's pthread key and the initialized flag where
+/// `Py_IsInitialized` reads it (two calls into libpython less per event), and the frames found
+/// that way are the right ones (the test above, and this one's sites).
+#[test]
+fn the_interpreter_is_read_without_calling_into_it() {
+    for python in pythons() {
+        let run = run_python(&python, &[], &[("GPUMEMTRACE_SELF_TIME", "1")]);
+        assert!(run.out.status.success(), "{python}: {}", run.stderr);
+        let notices: Vec<String> =
+            records(&run.traces[0]).into_iter().filter_map(|r| if let Record::Notice(n) = r { Some(n) } else { None }).collect();
+        let how = notices.iter().find(|n| n.starts_with("Python lookups")).unwrap_or_else(|| panic!("{python}: {notices:?}"));
+        assert!(how.contains("thread state by pthread key"), "{python}: {how}");
+        assert!(how.contains("initialized by its flag, read directly"), "{python}: {how}");
+        let s = summary_json(&run.traces[0]);
+        let sites = s["traces"][0]["groups"][0]["leak_sites"].as_array().unwrap();
+        assert!(sites.iter().any(|s| s["function"] == "innermost" && s["python"] == true), "{python}: {sites:#?}");
+    }
+}
+
+/// While paused (`gpumemtrace_pause`) the hooks only forward: those calls succeed and are not in
+/// the trace, and the trace says it was paused (its leaks cannot be exact).
+#[test]
+fn calls_made_while_paused_are_forwarded_and_not_recorded() {
+    let run = run_python("python3", &["--pause"], &[]);
+    assert!(run.out.status.success(), "{}", run.stderr);
+    assert_eq!(logged_calls(&run.stdout).len(), 3, "{}", run.stdout);
+    let recs = records(&run.traces[0]);
+    let events: Vec<_> = recs.iter().filter_map(|r| if let Record::Event(e) = r { Some(e) } else { None }).collect();
+    let sizes: Vec<u64> = events.iter().map(|e| e.size).collect();
+    assert_eq!(sizes, [1 << 20, 3 << 20], "the allocation and free made while paused are left out: {events:?}");
+    let notices: Vec<&String> = recs.iter().filter_map(|r| if let Record::Notice(n) = r { Some(n) } else { None }).collect();
+    assert!(notices.iter().any(|n| n.starts_with("tracing was paused 1 times")), "{notices:?}");
+}
+
 #[test]
 fn python_capture_can_be_turned_off() {
     let run = run_python("python3", &[], &[("GPUMEMTRACE_PYTHON", "0")]);

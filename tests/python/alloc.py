@@ -3,12 +3,14 @@
 threads, a generator, a class method and through a stdlib module (sched). Every allocation is
 leaked on purpose and logged on stdout with the line and function that made it:
     py_alloc size=N line=L func=QUALNAME thread=NAME
-Usage: python3 alloc.py /path/to/libcuda.so.1 [--no-calls | --frees | --reuse]
+Usage: python3 alloc.py /path/to/libcuda.so.1 [--no-calls | --frees | --reuse | --pause]
 --frees: instead, two blocks freed from Python, one by the main thread and one by a worker
 thread, each logged as `py_free addr=A thread=NAME`.
 --reuse: instead, functions compiled one after another, each called once and dropped, so that
 later code objects take the addresses of earlier ones; each call is logged as above with
 `code=ADDRESS` added.
+--pause: instead, an allocation, then with tracing paused (gpumemtrace_pause) an allocation and
+a free of the first, then resumed an allocation; each call logged as above or as py_free.
 """
 import gc
 import ctypes
@@ -104,7 +106,22 @@ def reuse():
         gc.collect()
 
 
+def paused():
+    setup()
+    gmt = ctypes.CDLL(None)
+    a, b, c = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
+    r = lib.cuMemAlloc_v2(ctypes.byref(a), 1 << 20); log(1 << 20, r)
+    assert gmt.gpumemtrace_pause() == 0
+    r = lib.cuMemAlloc_v2(ctypes.byref(b), 2 << 20); log(2 << 20, r)
+    free(a.value)
+    assert gmt.gpumemtrace_resume() == 0
+    r = lib.cuMemAlloc_v2(ctypes.byref(c), 3 << 20); log(3 << 20, r)
+
+
 def main():
+    if "--pause" in sys.argv:
+        paused()
+        return
     if "--reuse" in sys.argv:
         reuse()
         return
