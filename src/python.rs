@@ -305,8 +305,11 @@ pub fn lookups() -> Option<String> {
     let interp = INTERP.get()?;
     let key = match TSS_KEY.load(Relaxed) {
         KEY_UNKNOWN => "not looked for yet (PyGILState_GetThisThreadState)".to_owned(),
-        KEY_NONE => "PyGILState_GetThisThreadState (no single key holds it)".to_owned(),
-        k => format!("pthread key {k}"),
+        KEY_NONE => "PyGILState_GetThisThreadState (no key, or the key disagreed once)".to_owned(),
+        k => format!(
+            "pthread key {k} (the lowest of {} holding it; checked against the interpreter once in {CHECK_EVERY})",
+            KEY_CANDIDATES.load(Relaxed)
+        ),
     };
     let flag = if interp.initialized_flag.is_some() { "its flag, read directly" } else { "Py_IsInitialized" };
     Some(format!("Python lookups: thread state by {key}; initialized by {flag}"))
@@ -390,8 +393,17 @@ fn flag_read_by(f: *const u8) -> Option<u64> {
 /// libpython whose code and data lines a busy host has evicted between two events.
 static TSS_KEY: AtomicU32 = AtomicU32::new(KEY_UNKNOWN);
 const KEY_UNKNOWN: u32 = u32::MAX;
-/// Not found, or not unambiguously: the interpreter's function is always called.
+/// Not found, or once it disagreed with the interpreter: the interpreter's function is called.
 const KEY_NONE: u32 = u32::MAX - 1;
+/// How many keys held the state when the key was chosen (for `lookups`).
+static KEY_CANDIDATES: AtomicU32 = AtomicU32::new(0);
+/// A thread's lookups through the key are checked against the interpreter's function: its first
+/// and then one in this many.
+const CHECK_EVERY: u32 = 64;
+
+thread_local! {
+    static LOOKUPS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
 
 /// The calling thread's Python thread state (0: none). Only after `Py_IsInitialized` said yes.
 #[link_section = ".text.hot.gpumemtrace"]
@@ -400,7 +412,17 @@ fn this_thread_state(interp: &Interp) -> u64 {
     if key < KEY_NONE {
         // SAFETY: a key the interpreter created (see `find_key`); glibc answers null for a
         // key deleted since (the interpreter deletes it after it has stopped being initialized).
-        return unsafe { libc::pthread_getspecific(key as libc::pthread_key_t) } as u64;
+        let by_key = unsafe { libc::pthread_getspecific(key as libc::pthread_key_t) } as u64;
+        let n = LOOKUPS.try_with(|c| c.replace(c.get().wrapping_add(1))).unwrap_or(0);
+        if !n.is_multiple_of(CHECK_EVERY) {
+            return by_key;
+        }
+        // SAFETY: as below.
+        let tstate = unsafe { (interp.get_tstate)() } as u64;
+        if tstate != by_key {
+            TSS_KEY.store(KEY_NONE, Relaxed);
+        }
+        return tstate;
     }
     // SAFETY: PyGILState_GetThisThreadState reads thread-specific storage; no GIL needed.
     let tstate = unsafe { (interp.get_tstate)() } as u64;
@@ -412,9 +434,11 @@ fn this_thread_state(interp: &Interp) -> u64 {
 
 /// `PyGILState_GetThisThreadState` is `pthread_getspecific` of the key in `_PyRuntime` (3.10
 /// to 3.13, pthread builds), whose offset differs by version and build. The key is found by
-/// value instead: the one key whose value on this thread is the state the interpreter just
-/// gave. Another key holding the same pointer (a binding library keeping the state too) makes
-/// it ambiguous: then the interpreter's function stays.
+/// value instead: a key whose value on this thread is the state the interpreter just gave.
+/// Another library may keep the state too (pybind11 keeps the main thread's under its own key,
+/// created when torch is imported, after the interpreter's): the lowest such key is taken, and
+/// `this_thread_state` drops it for good the first time it disagrees with the interpreter (a
+/// thread's first lookup is always checked, as is one in `CHECK_EVERY`).
 #[cold]
 fn find_key(tstate: u64) {
     if !cfg!(target_env = "gnu") {
@@ -424,18 +448,11 @@ fn find_key(tstate: u64) {
     }
     // SAFETY: sysconf has no preconditions.
     let max = unsafe { libc::sysconf(libc::_SC_THREAD_KEYS_MAX) }.clamp(0, 1024) as u32;
-    let mut found = KEY_NONE;
-    for k in 0..max {
-        // SAFETY: glibc answers null for a key below its maximum that was never created.
-        if unsafe { libc::pthread_getspecific(k as libc::pthread_key_t) } as u64 == tstate {
-            if found != KEY_NONE {
-                found = KEY_NONE;
-                break;
-            }
-            found = k;
-        }
-    }
-    TSS_KEY.store(found, Relaxed);
+    // SAFETY: glibc answers null for a key below its maximum that was never created.
+    let holding = (0..max).filter(|&k| unsafe { libc::pthread_getspecific(k as libc::pthread_key_t) } as u64 == tstate);
+    let (n, lowest) = holding.fold((0, KEY_NONE), |(n, low), k| (n + 1, low.min(k)));
+    KEY_CANDIDATES.store(n, Relaxed);
+    TSS_KEY.store(lowest, Relaxed);
 }
 
 /// The thread's innermost frame pointer (unchecked: the caller tests it with `plausible`).
@@ -725,6 +742,62 @@ mod tests {
         ] {
             assert_eq!(flag_read_by(other.as_ptr()), None, "{other:x?}");
         }
+    }
+
+    /// A lower key holding the same state on the finding thread (pybind11's, say) is taken, and
+    /// dropped at the first lookup where it disagrees with the interpreter's own function.
+    #[test]
+    fn the_thread_state_key_is_dropped_when_it_disagrees_with_the_interpreter() {
+        static INTERPRETERS: AtomicU32 = AtomicU32::new(0);
+        extern "C" fn get_tstate() -> *mut c_void {
+            // SAFETY: a key this test created.
+            unsafe { libc::pthread_getspecific(INTERPRETERS.load(Relaxed)) }
+        }
+        extern "C" fn is_initialized() -> i32 {
+            1
+        }
+        let (mut other, mut interpreters) = (0, 0);
+        // SAFETY: plain key creation; the keys stay for the process.
+        unsafe {
+            assert_eq!(libc::pthread_key_create(&mut other, None), 0);
+            assert_eq!(libc::pthread_key_create(&mut interpreters, None), 0);
+        }
+        let (low, high) = (other.min(interpreters), other.max(interpreters));
+        INTERPRETERS.store(high, Relaxed);
+        let interp = Interp {
+            layout: Layout::for_minor(12).unwrap(),
+            get_tstate,
+            is_initialized,
+            initialized_flag: None,
+            code_type: 0,
+            unicode_type: 0,
+            bytes_type: 0,
+        };
+        let state = 0x7f00_0000_1230u64;
+        // SAFETY: setting keys this test created.
+        unsafe {
+            libc::pthread_setspecific(low, state as *const c_void);
+            libc::pthread_setspecific(high, state as *const c_void);
+        }
+        find_key(state);
+        assert_eq!(TSS_KEY.load(Relaxed), low, "the lowest key holding the state");
+        assert_eq!(this_thread_state(&interp), state);
+        assert_eq!(TSS_KEY.load(Relaxed), low);
+        // Another thread where only the interpreter's key holds its state: its first lookup is
+        // checked, finds the disagreement and gives the interpreter's answer.
+        let other_state = 0x7f00_0000_4560u64;
+        let seen = std::thread::scope(|s| {
+            s.spawn(|| {
+                // SAFETY: as above.
+                unsafe { libc::pthread_setspecific(high, other_state as *const c_void) };
+                this_thread_state(&interp)
+            })
+            .join()
+            .unwrap()
+        });
+        assert_eq!(seen, other_state);
+        assert_eq!(TSS_KEY.load(Relaxed), KEY_NONE, "the key is not used again");
+        assert_eq!(this_thread_state(&interp), state);
     }
 
     #[test]
