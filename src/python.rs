@@ -238,6 +238,11 @@ pub fn capture(now_ns: u64, sent: impl FnOnce(u64) -> bool) -> Option<Keyed> {
         return None;
     }
     let tstate = this_thread_state(interp);
+    if tstate == 0 {
+        // A thread without Python (autograd's): no frames, and the previous stack stays as the
+        // hint for this thread's next walk.
+        return Some(Keyed { key: 0, has_tstate: false, full: None });
+    }
     let r = PREV.try_with(|prev| {
         let Ok(mut prev) = prev.try_borrow_mut() else { return None };
         let (prev_frames, prev_key, scratch) = &mut *prev;
@@ -671,8 +676,8 @@ unsafe fn read_bytes(interp: &Interp, b: u64) -> Option<Vec<u8>> {
 // signature). A miss only costs a copy that the writer deduplicates.
 
 const CACHE: usize = 8192;
-static KEYS: [AtomicU64; CACHE] = [const { AtomicU64::new(0) }; CACHE];
-static SIGS: [AtomicU64; CACHE] = [const { AtomicU64::new(0) }; CACHE];
+/// (code address, signature) a slot: the two words of a lookup on one cache line.
+static CODES: [(AtomicU64, AtomicU64); CACHE] = [const { (AtomicU64::new(0), AtomicU64::new(0)) }; CACHE];
 
 fn slot(code: u64) -> usize {
     ((code >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize % CACHE
@@ -680,25 +685,25 @@ fn slot(code: u64) -> usize {
 
 #[link_section = ".text.hot.gpumemtrace"]
 fn cache_has(code: u64, sig: u64) -> bool {
-    let i = slot(code);
-    KEYS[i].load(Acquire) == code && SIGS[i].load(Acquire) == sig
+    let (key, s) = &CODES[slot(code)];
+    key.load(Acquire) == code && s.load(Acquire) == sig
 }
 
 /// Marks code objects as known. Called after the event that carries them was handed over, so
 /// that an event of another thread that relies on the mark is queued after it.
 pub fn remember(codes: &[(u64, u64)]) {
     for &(code, sig) in codes {
-        let i = slot(code);
-        KEYS[i].store(0, Release);
-        SIGS[i].store(sig, Release);
-        KEYS[i].store(code, Release);
+        let (key, s) = &CODES[slot(code)];
+        key.store(0, Release);
+        s.store(sig, Release);
+        key.store(code, Release);
     }
 }
 
 /// After fork the child keeps the parent's interpreter; its new trace knows no code objects.
 pub fn forget_codes() {
-    for k in KEYS.iter().take(CACHE) {
-        k.store(0, Relaxed);
+    for (key, _) in CODES.iter() {
+        key.store(0, Relaxed);
     }
 }
 
