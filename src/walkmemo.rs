@@ -37,6 +37,9 @@ pub struct Memo {
     /// Indices in `reads` of saved-rbp slots whose value the rest of the walk never uses (see
     /// `Walked::free`), ascending: not checked, so a caller's changing rbp does not end the hit.
     pub dead: Vec<u32>,
+    /// The words a walk taken whole checks: `reads` without the `dead` ones, made by `seal`
+    /// (a kept walk's reads do not change after it), so the check is one tight loop.
+    pub live: Vec<(u64, u64)>,
 }
 
 #[derive(Clone, Copy)]
@@ -171,6 +174,20 @@ impl Memo {
             outer_free = w.free;
         }
         self.dead.reverse();
+        self.live.clear();
+        let mut dead = self.dead.iter().peekable();
+        for (i, &r) in self.reads.iter().enumerate() {
+            if dead.next_if(|&&d| d as usize == i).is_none() {
+                self.live.push(r);
+            }
+        }
+    }
+
+    /// Whether every word a walk taken whole depends on still holds its value (see `seal`).
+    #[link_section = ".text.hot.gpumemtrace"]
+    pub fn all_live_hold(&self) -> bool {
+        // SAFETY: each address lies within this thread's mapped stack (`capture` read it there).
+        self.live.iter().all(|&(a, v)| unsafe { (a as *const u64).read_unaligned() } == v)
     }
 
     /// Sets the rbp of `frames[from..]` to this stack's, `bp` being that of `frames[from]`
@@ -276,7 +293,7 @@ impl Memos {
             && m.with_stop == w.with_stop
             && (!m.at_max || m.max == w.max)
             && m.find(0, w.addr, w.sp, w.bp) == Some(0)
-            && m.still_holds(0)
+            && m.all_live_hold()
     }
 
     #[link_section = ".text.hot.gpumemtrace"]
