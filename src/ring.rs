@@ -232,29 +232,36 @@ impl Journal {
     #[link_section = ".text.hot.gpumemtrace"]
     pub fn push(&self, i: usize, payload: &[u8], wait: impl FnMut(u32) -> bool) -> Option<u64> {
         debug_assert!(payload.len() + j::FRAME as usize <= j::MAX_ENTRY);
-        self.locked(i, || self.push_owned(i, payload.len(), wait, |pos| self.ring_write(i, pos, payload)))
+        self.locked(i, || {
+            self.push_owned(i, payload.len(), wait, |pos| {
+                self.ring_write(i, pos, payload);
+                payload.len()
+            })
+        })
     }
 
-    /// As `push`, for a payload of `len` bytes (at most `IN_PLACE_MAX`) that `fill` writes:
-    /// straight into the ring where it does not wrap around the ring's end (no buffer in
-    /// between, whose cache lines a cold hook would pay for), else through one on the stack.
+    /// As `push`, for a payload of at most `max` bytes (at most `IN_PLACE_MAX`) that `fill`
+    /// writes, returning how many: straight into the ring where `max` bytes do not wrap around
+    /// the ring's end (no buffer in between, whose cache lines a cold hook would pay for), else
+    /// through one on the stack. Room is found for `max` bytes; the entry takes what was written.
     #[link_section = ".text.hot.gpumemtrace"]
-    pub fn push_in_place(&self, i: usize, len: usize, wait: impl FnMut(u32) -> bool, fill: impl FnOnce(&mut [u8])) -> Option<u64> {
-        assert!(len <= IN_PLACE_MAX);
+    pub fn push_in_place(&self, i: usize, max: usize, wait: impl FnMut(u32) -> bool, fill: impl FnOnce(&mut [u8]) -> usize) -> Option<u64> {
+        assert!(max <= IN_PLACE_MAX);
         self.locked(i, || {
-            self.push_owned(i, len, wait, |pos| {
+            self.push_owned(i, max, wait, |pos| {
                 let at = pos % j::RING_BYTES;
-                if at + len as u64 <= j::RING_BYTES {
+                if at + max as u64 <= j::RING_BYTES {
                     let off = (Self::data(i) + at) as usize;
-                    assert!(off + len <= self.len);
+                    assert!(off + max <= self.len);
                     // SAFETY: inside ring `i`'s data, in the range `push_owned` found free: the
                     // writer reads it only after the head moves past it, so for now this
                     // producer (or the shared ring's lock holder) alone touches these bytes.
-                    fill(unsafe { std::slice::from_raw_parts_mut(self.base.add(off), len) });
+                    fill(unsafe { std::slice::from_raw_parts_mut(self.base.add(off), max) }).min(max)
                 } else {
                     let mut buf = [0u8; IN_PLACE_MAX];
-                    fill(&mut buf[..len]);
+                    let len = fill(&mut buf[..max]).min(max);
                     self.ring_write(i, pos, &buf[..len]);
+                    len
                 }
             })
         })
@@ -280,11 +287,12 @@ impl Journal {
         r
     }
 
-    /// Finds room for an entry of `len` payload bytes (waiting as `wait` says), has `write`
-    /// put the payload at its ring position, frames it and publishes it.
+    /// Finds room for an entry of up to `max` payload bytes (waiting as `wait` says), has
+    /// `write` put the payload at its ring position (it returns its length, at most `max`),
+    /// frames it and publishes it.
     #[inline(always)]
-    fn push_owned(&self, i: usize, len: usize, mut wait: impl FnMut(u32) -> bool, write: impl FnOnce(u64)) -> Option<u64> {
-        let total = j::entry_bytes(len);
+    fn push_owned(&self, i: usize, max: usize, mut wait: impl FnMut(u32) -> bool, write: impl FnOnce(u64) -> usize) -> Option<u64> {
+        let room = j::entry_bytes(max);
         let head_at = self.u64(Self::control(i, ring::HEAD));
         let done_at = self.u64(Self::control(i, ring::COMMITTED));
         let head = head_at.load(Relaxed); // only this producer moves it
@@ -296,14 +304,14 @@ impl Journal {
         let mut tries = 0;
         let mut done = seen.load(Relaxed);
         let done = loop {
-            if head + total - done <= j::RING_BYTES {
+            if head + room - done <= j::RING_BYTES {
                 break done;
             }
             // The Acquire load that saw a position made the writer's reads below it happen
             // before this producer's writes there, now or on a later push.
             done = done_at.load(Acquire);
             seen.store(done, Relaxed);
-            if head + total - done <= j::RING_BYTES {
+            if head + room - done <= j::RING_BYTES {
                 break done;
             }
             if tries == 0 {
@@ -314,15 +322,16 @@ impl Journal {
             }
             tries += 1;
         };
-        // The frame (`len u32`, `!len u32`) as one 8-byte store: entries start 8-aligned and the
-        // ring's size is a multiple of 8, so it never wraps (a copy of 8 bytes of unknown length
-        // was a call to memmove).
-        let len = len as u32;
+        // The payload, then its frame (`len u32`, `!len u32`) as one 8-byte store: entries
+        // start 8-aligned and the ring's size is a multiple of 8, so it never wraps (a copy of 8
+        // bytes of unknown length was a call to memmove). Both are published by the head's
+        // Release store below.
+        let len = write(head + j::FRAME).min(max) as u32;
         let frame = (len as u64 | ((!len as u64) << 32)).to_le();
         let at = Self::data(i) + head % j::RING_BYTES;
         debug_assert!(at.is_multiple_of(8));
-        self.u64(at).store(frame, Relaxed); // published by the head's Release store below
-        write(head + j::FRAME);
+        self.u64(at).store(frame, Relaxed);
+        let total = j::entry_bytes(len as usize);
         head_at.store(head + total, Release);
         // The next entry's lines, claimed for writing now, while the host runs on: the writer
         // read them a lap ago, so writing them cold would wait for another core's cache.
@@ -528,7 +537,10 @@ mod tests {
                 all[me] = pos;
                 jn.commit(&all);
                 true
-            }, |dst| j::write_event(&e, &plan, dst));
+            }, |dst| {
+                j::write_event(&e, &plan, dst);
+                plan.bytes()
+            });
             assert!(r.is_some());
         }
         jn.take(me, pos, |_, bytes| {

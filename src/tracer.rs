@@ -256,10 +256,23 @@ fn push(t: &Tracer, ring: usize, msg: MsgRef) {
     // A warm event (no code objects to describe, no frames: its stacks' keys only) is written
     // straight into the ring.
     if let MsgRef::Event(e) = msg {
+        // Keys only (the common case): written in one pass, the length known at the end.
+        if e.frames.frames.is_empty() && e.py.is_none() && e.thread_name.is_none() {
+            let mut len = 0;
+            let after = t.journal.push_in_place(ring, jfmt::WARM_MAX, room_waiter(t), |dst| {
+                len = jfmt::write_warm_event(e, dst).unwrap_or(0);
+                len
+            });
+            pushed(after, len);
+            return;
+        }
         if e.py.as_ref().is_none_or(|p| p.new_codes.is_empty()) {
             let plan = jfmt::plan_event(e);
             if plan.bytes() <= ring::IN_PLACE_MAX {
-                let after = t.journal.push_in_place(ring, plan.bytes(), room_waiter(t), |dst| jfmt::write_event(e, &plan, dst));
+                let after = t.journal.push_in_place(ring, plan.bytes(), room_waiter(t), |dst| {
+                    jfmt::write_event(e, &plan, dst);
+                    plan.bytes()
+                });
                 pushed(after, plan.bytes());
                 return;
             }

@@ -53,7 +53,7 @@ pub struct Writer {
     start_ns: u64,
     /// Stack ids by the hot path's key (`record::Stack`): already a hash, not hashed again.
     stacks: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
-    /// Python code objects written, by (address, signature): see `python.rs`.
+    /// Python code objects written, by (address, signature): see `src/python/mod.rs`.
     py_codes: HashMap<(u64, u64), u32>,
     py_stacks: HashMap<Vec<fmt::PyFrame>, u32>,
     /// Python stack ids by the hot path's key (`python::stack_key`).

@@ -1,0 +1,104 @@
+use super::*;
+
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn the_initialized_flag_is_read_where_py_isinitialized_reads_it() {
+    // `mov eax, [rip + disp]; ret`, with and without `endbr64`: the flag (an aligned int) is
+    // at the end of the `mov` plus the displacement.
+    let code = |prefix: &[u8], end: u64| -> (Vec<u8>, u64) {
+        let mut v = vec![0u8; 16];
+        let at = v.as_ptr() as u64 + prefix.len() as u64 + 6;
+        let disp = 0x1000 + (4 - at % 4) % 4;
+        let bytes: Vec<u8> = prefix.iter().copied().chain([0x8B, 0x05]).chain((disp as i32).to_le_bytes()).chain([end as u8]).collect();
+        v[..bytes.len()].copy_from_slice(&bytes);
+        (v, at + disp)
+    };
+    for prefix in [&[][..], &[0xF3, 0x0F, 0x1E, 0xFA][..]] {
+        let (v, flag) = code(prefix, 0xC3);
+        assert_eq!(flag_read_by(v.as_ptr()), Some(flag), "{v:x?}");
+        let (v, _) = code(prefix, 0x90);
+        assert_eq!(flag_read_by(v.as_ptr()), None, "more code after the load: {v:x?}");
+    }
+    // Through the GOT: `mov rax, [rip + d]; mov eax, [rax + 16]; ret`, the slot 32 bytes
+    // after the code (at 32 of an 8-aligned buffer) holding `_PyRuntime`'s address.
+    let runtime = [0u64; 4];
+    let mut v = vec![0u64; 8];
+    v[4] = runtime.as_ptr() as u64;
+    let code: Vec<u8> = [0x48, 0x8B, 0x05].into_iter().chain((32 - 7i32).to_le_bytes()).chain([0x8B, 0x40, 0x10, 0xC3]).collect();
+    // SAFETY: 11 bytes into the first 16 of the 64-byte buffer.
+    unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), v.as_mut_ptr().cast::<u8>(), code.len()) };
+    assert_eq!(flag_read_by(v.as_ptr().cast()), Some(runtime.as_ptr() as u64 + 16));
+    // Anything else is called instead: another register, more code, another prefix.
+    for other in [
+        [0x8B, 0x0D, 0x00, 0x10, 0x00, 0x00, 0xC3, 0, 0, 0, 0],
+        [0xF3, 0x0F, 0x1E, 0xFB, 0x8B, 0x05, 0x00, 0x10, 0x00, 0x00, 0xC3],
+        [0x55, 0x48, 0x89, 0xE5, 0, 0, 0, 0, 0, 0, 0],
+    ] {
+        assert_eq!(flag_read_by(other.as_ptr()), None, "{other:x?}");
+    }
+}
+
+/// A lower key holding the same state on the finding thread (pybind11's, say) is taken, and
+/// dropped at the first lookup where it disagrees with the interpreter's own function.
+#[test]
+fn the_thread_state_key_is_dropped_when_it_disagrees_with_the_interpreter() {
+    static INTERPRETERS: AtomicU32 = AtomicU32::new(0);
+    extern "C" fn get_tstate() -> *mut c_void {
+        // SAFETY: a key this test created.
+        unsafe { libc::pthread_getspecific(INTERPRETERS.load(Relaxed)) }
+    }
+    extern "C" fn is_initialized() -> i32 {
+        1
+    }
+    let (mut other, mut interpreters) = (0, 0);
+    // SAFETY: plain key creation; the keys stay for the process.
+    unsafe {
+        assert_eq!(libc::pthread_key_create(&mut other, None), 0);
+        assert_eq!(libc::pthread_key_create(&mut interpreters, None), 0);
+    }
+    let (low, high) = (other.min(interpreters), other.max(interpreters));
+    INTERPRETERS.store(high, Relaxed);
+    let interp = Interp {
+        layout: Layout::for_minor(12).unwrap(),
+        get_tstate,
+        is_initialized,
+        initialized_flag: None,
+        code_type: 0,
+        unicode_type: 0,
+        bytes_type: 0,
+    };
+    let state = 0x7f00_0000_1230u64;
+    // SAFETY: setting keys this test created.
+    unsafe {
+        libc::pthread_setspecific(low, state as *const c_void);
+        libc::pthread_setspecific(high, state as *const c_void);
+    }
+    find_key(state);
+    assert_eq!(TSS_KEY.load(Relaxed), low, "the lowest key holding the state");
+    assert_eq!(this_thread_state(&interp), state);
+    assert_eq!(TSS_KEY.load(Relaxed), low);
+    // Another thread where only the interpreter's key holds its state: its first lookup is
+    // checked, finds the disagreement and gives the interpreter's answer.
+    let other_state = 0x7f00_0000_4560u64;
+    let seen = std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: as above.
+            unsafe { libc::pthread_setspecific(high, other_state as *const c_void) };
+            this_thread_state(&interp)
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(seen, other_state);
+    assert_eq!(TSS_KEY.load(Relaxed), KEY_NONE, "the key is not used again");
+    assert_eq!(this_thread_state(&interp), state);
+}
+
+#[test]
+fn cache_remembers_by_address_and_signature() {
+    let code = 0x7f00_1234_5670;
+    assert!(!cache_has(code, 77));
+    remember(&[(code, 77)]);
+    assert!(cache_has(code, 77));
+    assert!(!cache_has(code, 79), "a reused address with another signature is new");
+}
