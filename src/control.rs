@@ -9,18 +9,18 @@
 
 use std::ffi::c_int;
 
-use crate::pause;
+use crate::tracer;
 
 /// Stops recording until `gpumemtrace_resume`. Returns 0. Pauses do not nest.
 #[no_mangle]
 pub extern "C" fn gpumemtrace_pause() -> c_int {
-    pause::set(true);
+    tracer::set_paused(true);
     0
 }
 
 /// Records again after `gpumemtrace_pause`. Returns 0.
 #[no_mangle]
 pub extern "C" fn gpumemtrace_resume() -> c_int {
-    pause::set(false);
+    tracer::set_paused(false);
     0
 }

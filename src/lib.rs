@@ -21,7 +21,7 @@
 //!   [`clock`] (time, call order, tracer starts), [`thread`] (thread id and name), [`config`]
 //!   (every environment variable), [`resolve`], [`modules`], [`phdr`] (the one walk over the
 //!   loaded objects), [`lazy`] (the one slot type for a function found on first use), [`guard`],
-//!   [`output`], [`cuda`], [`stackkey`] (a stack's key), [`prefetch`] (cache hints), [`pause`] (the pause switch), [`aggregate`] (the summaries of aggregate mode) [`backward`]
+//!   [`output`], [`cuda`], [`stackkey`] (a stack's key), [`prefetch`] (cache hints), [`pause`] (the pause count), [`aggregate`] (the summaries of aggregate mode) [`backward`]
 //!   (its attribution of PyTorch's backward threads) and [`phase_totals`] (its totals by phase).
 //!
 //! `unsafe` lives in the FFI-facing modules, each use with a `// SAFETY:` note.

@@ -1,26 +1,13 @@
-//! The pause switch (`control`'s `gpumemtrace_pause`/`gpumemtrace_resume`): read by every hook
-//! through `tracer::is_off`, counted for the writer's notice.
+//! The pause count (`control`'s `gpumemtrace_pause`): how many times tracing was paused, for the
+//! writer's notice. The switch itself is `tracer`'s, beside the state every hook reads.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-static PAUSED: AtomicBool = AtomicBool::new(false);
 static PAUSES: AtomicU64 = AtomicU64::new(0);
 
-/// Pauses (`on`) or resumes. Pauses do not nest; a hook that read "not paused" just before
-/// finishes its event.
-pub fn set(on: bool) {
-    if on {
-        if !PAUSED.swap(true, SeqCst) {
-            PAUSES.fetch_add(1, Relaxed);
-        }
-    } else {
-        PAUSED.store(false, SeqCst);
-    }
-}
-
-#[inline]
-pub fn paused() -> bool {
-    PAUSED.load(Relaxed)
+/// One more pause.
+pub fn counted() {
+    PAUSES.fetch_add(1, Relaxed);
 }
 
 /// Pauses so far.

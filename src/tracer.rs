@@ -85,7 +85,23 @@ static FATAL_SIGNAL: AtomicI32 = AtomicI32::new(0);
 /// Whether hooks should only forward: tracing is off, or paused (`control`).
 #[link_section = ".text.hot.gpumemtrace"]
 pub fn is_off() -> bool {
-    STATE.load(SeqCst) == OFF || crate::pause::paused()
+    STATE.load(SeqCst) == OFF || PAUSED.load(Relaxed)
+}
+
+/// `control`'s pause: declared beside `STATE` so that the linker puts the two on one line
+/// (every hook reads both).
+static PAUSED: AtomicBool = AtomicBool::new(false);
+
+/// Pauses (`on`) or resumes. Pauses do not nest; a hook that read "not paused" just before
+/// finishes its event.
+pub fn set_paused(on: bool) {
+    if on {
+        if !PAUSED.swap(true, SeqCst) {
+            crate::pause::counted();
+        }
+    } else {
+        PAUSED.store(false, SeqCst);
+    }
 }
 
 pub fn max_frames() -> usize {
