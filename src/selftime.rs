@@ -54,7 +54,9 @@ const NONE_YET: Totals = Totals { events: ZERO, parts: [ZERO; PARTS], hist: [ZER
 /// reads (the clock's map, `ON`) and bias what they measure.
 #[allow(clippy::declare_interior_mutable_const)]
 const NONE_YET_PADDED: CachePadded<Totals> = CachePadded::new(NONE_YET);
-static TOTALS: [CachePadded<Totals>; KINDS] = [NONE_YET_PADDED; KINDS];
+/// On the heap, made when measuring starts: 12 KiB of `.bss` here put the statics every hook
+/// reads (the clock's, the tracer's) on pages of their own.
+static TOTALS: once_cell::sync::OnceCell<Box<[CachePadded<Totals>; KINDS]>> = once_cell::sync::OnceCell::new();
 
 /// Parts of the native stack's time (src/fastunwind.rs): evaluating unwind rules, finding how a
 /// frame uses rbp (a second, poisoned evaluation), and checking the memo of the previous walk.
@@ -92,6 +94,7 @@ pub fn enable(on: bool) {
         MARK_TICKS.store(least, Relaxed);
         START.0.store(crate::clock::ticks(), Relaxed);
         START.1.store(crate::clock::monotonic_ns(), Relaxed);
+        TOTALS.get_or_init(|| Box::new([NONE_YET_PADDED; KINDS]));
     }
     ON.store(on, Relaxed);
 }
@@ -111,7 +114,8 @@ pub fn count(kind: Kind, parts: [u64; PARTS]) {
     if !ON.load(Relaxed) {
         return;
     }
-    let t = &TOTALS[kind as usize];
+    let Some(totals) = TOTALS.get() else { return };
+    let t = &totals[kind as usize];
     let read = MARK_TICKS.load(Relaxed);
     let parts = parts.map(|p| p.saturating_sub(read));
     let total: u64 = parts.iter().sum();
@@ -167,7 +171,8 @@ pub fn report() -> Option<String> {
         (Kind::Native, "with a native stack only"),
         (Kind::Bare, "without stacks (frees)"),
     ] {
-        let t = &TOTALS[kind as usize];
+        let Some(totals) = TOTALS.get() else { break };
+        let t = &totals[kind as usize];
         let n = t.events.load(Relaxed);
         if n == 0 {
             continue;

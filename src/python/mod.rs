@@ -141,6 +141,7 @@ fn interp(now_ns: u64) -> Option<&'static Interp> {
             None
         }
         Detected::Ready(i) => {
+            let _ = codes(); // before any hook can look a code object up
             let _ = INTERP.set(i);
             STATE.store(READY, Release);
             INTERP.get()
@@ -677,7 +678,13 @@ unsafe fn read_bytes(interp: &Interp, b: u64) -> Option<Vec<u8>> {
 
 const CACHE: usize = 8192;
 /// (code address, signature) a slot: the two words of a lookup on one cache line.
-static CODES: [(AtomicU64, AtomicU64); CACHE] = [const { (AtomicU64::new(0), AtomicU64::new(0)) }; CACHE];
+/// Allocated when an interpreter is found, not a static: 128 KiB of `.bss` here put
+/// the statics every hook reads on pages of their own.
+static CODES: OnceCell<Box<[(AtomicU64, AtomicU64)]>> = OnceCell::new();
+
+fn codes() -> &'static [(AtomicU64, AtomicU64)] {
+    CODES.get_or_init(|| (0..CACHE).map(|_| (AtomicU64::new(0), AtomicU64::new(0))).collect())
+}
 
 fn slot(code: u64) -> usize {
     ((code >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize % CACHE
@@ -685,15 +692,16 @@ fn slot(code: u64) -> usize {
 
 #[link_section = ".text.hot.gpumemtrace"]
 fn cache_has(code: u64, sig: u64) -> bool {
-    let (key, s) = &CODES[slot(code)];
+    let (key, s) = &codes()[slot(code)];
     key.load(Acquire) == code && s.load(Acquire) == sig
 }
 
 /// Marks code objects as known. Called after the event that carries them was handed over, so
 /// that an event of another thread that relies on the mark is queued after it.
-pub fn remember(codes: &[(u64, u64)]) {
-    for &(code, sig) in codes {
-        let (key, s) = &CODES[slot(code)];
+pub fn remember(codes_sent: &[(u64, u64)]) {
+    let table = codes();
+    for &(code, sig) in codes_sent {
+        let (key, s) = &table[slot(code)];
         key.store(0, Release);
         s.store(sig, Release);
         key.store(code, Release);
@@ -702,8 +710,10 @@ pub fn remember(codes: &[(u64, u64)]) {
 
 /// After fork the child keeps the parent's interpreter; its new trace knows no code objects.
 pub fn forget_codes() {
-    for (key, _) in CODES.iter() {
-        key.store(0, Relaxed);
+    if let Some(table) = CODES.get() {
+        for (key, _) in table.iter() {
+            key.store(0, Relaxed);
+        }
     }
 }
 
