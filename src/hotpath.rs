@@ -199,15 +199,22 @@ fn guarded_record(api: u32, result: Status, f: Fields, seq: u64, time: u64) {
     })));
 }
 
+#[inline(always)]
 fn report_panic(recorded: std::thread::Result<()>) {
     if let Err(payload) = recorded {
-        let what = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        tracer::disable(&format!("internal error while recording a call ({what})"));
+        panicked(payload);
     }
+}
+
+#[cold]
+#[inline(never)]
+fn panicked(payload: Box<dyn std::any::Any + Send>) {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    tracer::disable(&format!("internal error while recording a call ({what})"));
 }
 
 /// Records the event; returns the self-time marks (see `selftime`) taken before the Python
