@@ -383,12 +383,38 @@ static CUresult host_alloc_locked(void **pp, size_t size, int kind, int dev)
     return CUDA_SUCCESS;
 }
 
+/* EMUCUDA_UNLOCKED=1 (throughput benchmarks only): cuMemAlloc_v2/cuMemFree_v2 keep no books
+ * and take no lock: each thread hands out addresses from its own 1 GiB stretch of the fake
+ * range and every free succeeds, so several threads measure the tracer, not this emulator's
+ * mutex. Addresses are unique per thread and never reused. */
+static int g_unlocked = -1;
+static __thread u64 t_next;
+static u64 g_stretch;
+
+static int unlocked(void)
+{
+    if (__builtin_expect(g_unlocked < 0, 0)) {
+        const char *e = getenv("EMUCUDA_UNLOCKED");
+        g_unlocked = e && *e == '1';
+    }
+    return g_unlocked;
+}
+
 static CUresult mem_alloc(CUdeviceptr *dptr, size_t size, int dev_or_cur)
 {
     CUresult r;
     CUdeviceptr p;
     if (!dptr)
         return CUDA_ERROR_INVALID_VALUE;
+    if (unlocked() && dev_or_cur < 0) {
+        if (!g_init)
+            return CUDA_ERROR_NOT_INITIALIZED;
+        if (!t_next)
+            t_next = VA_BASE + (__atomic_fetch_add(&g_stretch, 1, __ATOMIC_RELAXED) % 64) * (1ULL << 30);
+        *dptr = t_next;
+        t_next += align_up(size ? size : 1, DEV_ALIGN);
+        return CUDA_SUCCESS;
+    }
     pthread_mutex_lock(&mu);
     REQUIRE_INIT();
     r = dev_alloc_locked(dev_or_cur < 0 ? cur_dev() : dev_or_cur, size, &p);
@@ -401,6 +427,8 @@ static CUresult mem_alloc(CUdeviceptr *dptr, size_t size, int dev_or_cur)
 static CUresult mem_free(CUdeviceptr p)
 {
     CUresult r;
+    if (unlocked())
+        return g_init ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
     pthread_mutex_lock(&mu);
     REQUIRE_INIT();
     r = dev_free_locked(p);
