@@ -82,8 +82,6 @@ const MAX_REBUILDS: usize = 256;
 const NOWHERE: usize = 64;
 
 thread_local! {
-    /// This thread's stack: [low, high). (0, 0) until asked.
-    static STACK: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
     /// ...for the snapshot (by address) they were found missing from: a new snapshot may know them.
     static NOWHERE_SEEN: Cell<([u64; NOWHERE], usize)> = const { Cell::new(([0; NOWHERE], 0)) };
     static THREAD: RefCell<Option<Box<PerThread>>> = const { RefCell::new(None) };
@@ -128,6 +126,9 @@ struct PerThread {
     /// Not yet added to `WALKED` / `MISSED` (added in batches: no shared cache line per event).
     walked: u64,
     missed: u64,
+    /// This thread's stack: [low, high); (0, 0) until found. Kept here, not in a thread-local
+    /// of its own: each thread-local of this library is a call into the loader.
+    stack: (u64, u64),
 }
 
 /// Return addresses of the current call stack, innermost first, starting at the first frame
@@ -139,19 +140,30 @@ struct PerThread {
 #[link_section = ".text.hot.gpumemtrace"]
 pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(u64, u64)], wanted: impl FnOnce(u64) -> bool) -> Result<u64, Unavailable> {
     let (pc, sp, bp) = registers();
-    let (lo, hi) = stack_bounds().ok_or(Unavailable)?;
-    if sp < lo || sp >= hi {
-        return Err(Unavailable); // on an alternate signal stack, or a user-made stack
-    }
     let mut snap = snapshot()?;
     let mut rebuilt = false;
     THREAD
         .try_with(|c| {
             let mut c = c.try_borrow_mut().map_err(|_| Unavailable)?;
             let t = c.get_or_insert_with(|| {
-                Box::new(PerThread { caches: Caches::new(), scratch: Box::new(CacheX86_64::new()), memos: Memos::new(), next: Memo::default(), walked: 0, missed: 0 })
+                Box::new(PerThread {
+                    caches: Caches::new(),
+                    scratch: Box::new(CacheX86_64::new()),
+                    memos: Memos::new(),
+                    next: Memo::default(),
+                    walked: 0,
+                    missed: 0,
+                    stack: (0, 0),
+                })
             });
-            let PerThread { caches, scratch, memos, next, walked, missed } = &mut **t;
+            if t.stack.1 == 0 {
+                t.stack = stack_bounds().ok_or(Unavailable)?;
+            }
+            let (lo, hi) = t.stack;
+            if sp < lo || sp >= hi {
+                return Err(Unavailable); // on an alternate signal stack, or a user-made stack
+            }
+            let PerThread { caches, scratch, memos, next, walked, missed, .. } = &mut **t;
             'again: loop {
                 frames.clear();
                 next.frames.clear();
@@ -395,34 +407,24 @@ fn registers() -> (u64, u64, u64) {
     (pc, sp, bp)
 }
 
-#[link_section = ".text.hot.gpumemtrace"]
+/// The calling thread's stack, [low, high).
+#[cold]
 fn stack_bounds() -> Option<(u64, u64)> {
-    STACK
-        .try_with(|s| {
-            let v = s.get();
-            if v.1 != 0 {
-                return Some(v);
-            }
-            // SAFETY: pthread_getattr_np fills an attr we own and destroy; getstack reads it.
-            let v = unsafe {
-                let mut attr: libc::pthread_attr_t = std::mem::zeroed();
-                if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
-                    return None;
-                }
-                let mut addr: *mut c_void = null_mut();
-                let mut size: usize = 0;
-                let r = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
-                libc::pthread_attr_destroy(&mut attr);
-                if r != 0 || addr.is_null() || size == 0 {
-                    return None;
-                }
-                (addr as u64, addr as u64 + size as u64)
-            };
-            s.set(v);
-            Some(v)
-        })
-        .ok()
-        .flatten()
+    // SAFETY: pthread_getattr_np fills an attr we own and destroy; getstack reads it.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let mut addr: *mut c_void = null_mut();
+        let mut size: usize = 0;
+        let r = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+        libc::pthread_attr_destroy(&mut attr);
+        if r != 0 || addr.is_null() || size == 0 {
+            return None;
+        }
+        Some((addr as u64, addr as u64 + size as u64))
+    }
 }
 
 /// In a forked child the thread's stack is the same; nothing to reset. After `exec` all is new.

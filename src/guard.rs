@@ -12,8 +12,10 @@ thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };
 }
 
-/// Proof that this is the outermost hook on the thread. Dropping it leaves the hook.
-pub struct Guard(());
+/// Proof that this is the outermost hook on the thread. Dropping it leaves the hook. It keeps
+/// where the thread's depth is (each thread-local lookup of this library is a call into the
+/// loader), and is not `Send`: it is dropped on the thread that made it.
+pub struct Guard(*const Cell<u32>);
 
 impl Guard {
     /// `None` when the thread is already inside a hook (or is the tracer's own writer thread).
@@ -23,7 +25,7 @@ impl Guard {
             .try_with(|d| {
                 if d.get() == 0 {
                     d.set(1);
-                    Some(Guard(()))
+                    Some(Guard(d as *const Cell<u32>))
                 } else {
                     None
                 }
@@ -39,7 +41,10 @@ impl Guard {
 }
 
 impl Drop for Guard {
+    #[link_section = ".text.hot.gpumemtrace"]
     fn drop(&mut self) {
-        let _ = DEPTH.try_with(|d| d.set(0));
+        // SAFETY: this thread's own `DEPTH` (the guard is not `Send`), which has no destructor
+        // and so stays valid for as long as the thread runs, the hook's whole call included.
+        unsafe { (*self.0).set(0) };
     }
 }
