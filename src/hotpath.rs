@@ -233,7 +233,7 @@ fn record(api: u32, result: Status, f: Fields, seq: u64, time: u64) -> ([u64; 4]
     // Python frames first: cheap, and they name the code objects the writer must describe.
     // Like native stacks, a Python stack crosses the channel once per thread; after that its key
     // alone (no allocation here, none freed on the writer's thread).
-    let py = crate::python::capture(time, py_stack_sent);
+    let py = crate::python::capture(time);
     let (py_key, py_tstate) = py.as_ref().map_or((0, false), |k| (k.key, k.has_tstate));
     let flags = if py_key != 0 { event_flags::PYTHON } else { 0 };
     let py = py.and_then(|k| k.full);
@@ -334,28 +334,3 @@ pub unsafe fn out<T: Addr>(r: Status, p: *mut T) -> u64 {
     unsafe { p.read() }.addr()
 }
 
-/// Python stack keys this thread has sent (direct-mapped: a lost slot only means the frames are
-/// sent again), for the tracer start (`clock::epoch`) they belong to.
-const PY_SEEN: usize = 256;
-
-thread_local! {
-    static PY_SENT: std::cell::RefCell<([u64; PY_SEEN], u64)> = const { std::cell::RefCell::new(([0; PY_SEEN], 0)) };
-}
-
-/// Whether this thread already sent the Python stack `key` (and marks it sent).
-#[link_section = ".text.hot.gpumemtrace"]
-fn py_stack_sent(key: u64) -> bool {
-    let epoch = clock::epoch();
-    PY_SENT
-        .try_with(|s| {
-            let Ok(mut s) = s.try_borrow_mut() else { return false };
-            if s.1 != epoch {
-                *s = ([0; PY_SEEN], epoch);
-            }
-            let slot = &mut s.0[(key % PY_SEEN as u64) as usize];
-            let sent = *slot == key;
-            *slot = key;
-            sent
-        })
-        .unwrap_or(false)
-}

@@ -215,21 +215,54 @@ pub struct Keyed {
     pub key: u64,
     pub has_tstate: bool,
     /// The frames and new code objects, when the writer must be told them: code objects it has
-    /// not seen, or a stack `sent` says this thread has not sent; else `None` (no allocation).
+    /// not seen, or a stack this thread has not sent; else `None` (no allocation).
     pub full: Option<PyCapture>,
 }
 
-thread_local! {
+/// Python stack keys a thread has sent (direct-mapped: a lost slot only means the frames are
+/// sent again).
+const SENT: usize = 256;
+
+/// A thread's Python capture state, in one thread-local (each lookup of one of this library's
+/// thread-locals is a call into the loader).
+struct Prev {
     /// The thread's previous stack and its key: an unchanged stack is neither looked up in the
     /// code cache nor hashed again, and its frames need no allocation.
-    static PREV: std::cell::RefCell<(Vec<RawPyFrame>, u64, Vec<RawPyFrame>)> =
-        const { std::cell::RefCell::new((Vec::new(), 0, Vec::new())) };
+    frames: Vec<RawPyFrame>,
+    key: u64,
+    /// The next capture's buffer.
+    scratch: Vec<RawPyFrame>,
+    /// Stack keys sent, for the tracer start (`clock::epoch`) in `epoch`.
+    sent: [u64; SENT],
+    epoch: u64,
 }
 
-/// The calling thread's Python stack, or `None` when no supported interpreter is running.
-/// `sent(key)` says whether this thread already sent the stack `key` to the writer.
+/// Whether this thread already sent the stack `key` (and marks it sent); `sent` belongs to the
+/// tracer start `of_epoch`.
 #[link_section = ".text.hot.gpumemtrace"]
-pub fn capture(now_ns: u64, sent: impl FnOnce(u64) -> bool) -> Option<Keyed> {
+fn sent_before(sent: &mut [u64; SENT], of_epoch: &mut u64, key: u64) -> bool {
+    let epoch = crate::clock::epoch();
+    if *of_epoch != epoch {
+        *sent = [0; SENT];
+        *of_epoch = epoch;
+    }
+    let slot = &mut sent[(key % SENT as u64) as usize];
+    let was = *slot == key;
+    *slot = key;
+    was
+}
+
+thread_local! {
+    static PREV: std::cell::RefCell<Prev> = const {
+        std::cell::RefCell::new(Prev { frames: Vec::new(), key: 0, scratch: Vec::new(), sent: [0; SENT], epoch: 0 })
+    };
+}
+
+/// The calling thread's Python stack, or `None` when no supported interpreter is running. Its
+/// frames come with it when the writer must be told them: a code object it has not seen, or a
+/// stack this thread has not sent since the tracer started.
+#[link_section = ".text.hot.gpumemtrace"]
+pub fn capture(now_ns: u64) -> Option<Keyed> {
     if !ENABLED.load(Relaxed) {
         return None;
     }
@@ -246,7 +279,7 @@ pub fn capture(now_ns: u64, sent: impl FnOnce(u64) -> bool) -> Option<Keyed> {
     }
     let r = PREV.try_with(|prev| {
         let Ok(mut prev) = prev.try_borrow_mut() else { return None };
-        let (prev_frames, prev_key, scratch) = &mut *prev;
+        let Prev { frames: prev_frames, key: prev_key, scratch, sent, epoch } = &mut *prev;
         scratch.clear();
         let mut out = PyCapture { frames: std::mem::take(scratch), new_codes: Vec::new() };
         if plausible(tstate, 8) {
@@ -254,8 +287,8 @@ pub fn capture(now_ns: u64, sent: impl FnOnce(u64) -> bool) -> Option<Keyed> {
             unsafe { walk(interp, tstate, &mut out, prev_frames) };
         }
         let key = if out.frames == *prev_frames && *prev_key != 0 { *prev_key } else { stack_key(&out.frames) };
-        let need = !out.new_codes.is_empty() || (key != 0 && !sent(key));
         *prev_key = key;
+        let need = !out.new_codes.is_empty() || (key != 0 && !sent_before(sent, epoch, key));
         // The frames become the previous stack; the old previous buffer is the next scratch.
         let full = if need {
             prev_frames.clone_from(&out.frames);
