@@ -273,7 +273,7 @@ fn push(t: &Tracer, ring: usize, msg: MsgRef) {
     // straight into the ring.
     if let MsgRef::Event(e) = msg {
         // Keys only (the common case): written in one pass, the length known at the end.
-        if e.frames.frames.is_empty() && e.py.is_none() && e.thread_name.is_none() {
+        if jfmt::is_warm(e) {
             let mut len = 0;
             let after = t.journal.push_in_place(ring, jfmt::WARM_MAX, room_waiter(t), |dst| {
                 len = jfmt::write_warm_event(e, dst).unwrap_or(0);

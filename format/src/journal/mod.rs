@@ -323,40 +323,10 @@ pub fn write_event(e: &RawEvent, plan: &EventPlan, out: &mut [u8]) {
     use present as p;
     let mask = plan.mask;
     let mut w = Put { b: out, at: 0 };
-    w.raw(&[EVENT]);
-    w.u64(e.seq);
-    w.raw(&mask.to_le_bytes());
-    w.u32(e.api);
-    w.u32(e.tid);
-    w.u64(e.time_ns);
-    w.u64(e.addr);
+    let scalars = put_scalars(e, &mut w);
+    debug_assert_eq!(scalars, mask & !(p::FRAMES | p::PY_FRAMES | p::THREAD_NAME));
+    w.b[MASK_AT..MASK_AT + 2].copy_from_slice(&mask.to_le_bytes());
     let has = |bit: u16| mask & bit != 0;
-    if has(p::RESULT) {
-        w.u32(e.result);
-    }
-    if has(p::DEVICE) {
-        w.u32(e.device as u32);
-    }
-    for (bit, v) in [
-        (p::SIZE, e.size),
-        (p::STREAM, e.stream),
-        (p::EXTRA, e.extra),
-        (p::TOTAL_ALLOCATED, e.total_allocated),
-        (p::TOTAL_RESERVED, e.total_reserved),
-    ] {
-        if has(bit) {
-            w.u64(v);
-        }
-    }
-    if has(p::FLAGS) {
-        w.u32(e.flags);
-    }
-    if has(p::STACK_KEY) {
-        w.u64(e.frames.key);
-    }
-    if has(p::PY_KEY) {
-        w.u64(e.py_key);
-    }
     if has(p::FRAMES) {
         w.u32(plan.frames.len() as u32);
         for &f in plan.frames {
@@ -388,14 +358,34 @@ pub const WARM_MAX: usize = EVENT_FIXED + 4 + 4 + 5 * 8 + 4 + 8 + 8;
 /// present mask is filled in last. `out` holds at least [`WARM_MAX`] bytes.
 #[link_section = ".text.hot.gpumemtrace"]
 pub fn write_warm_event(e: &RawEvent, out: &mut [u8]) -> Option<usize> {
-    use present as p;
-    if !e.frames.frames.is_empty() || e.py.is_some() || e.thread_name.is_some() || out.len() < WARM_MAX {
+    if !is_warm(e) || out.len() < WARM_MAX {
         return None;
     }
     let mut w = Put { b: &mut out[..WARM_MAX], at: 0 };
+    let mask = put_scalars(e, &mut w);
+    let len = w.at;
+    out[MASK_AT..MASK_AT + 2].copy_from_slice(&mask.to_le_bytes());
+    Some(len)
+}
+
+/// A warm event: keys only, no frames, no Python frames, no thread name (`write_warm_event`).
+#[inline(always)]
+pub fn is_warm(e: &RawEvent) -> bool {
+    e.frames.frames.is_empty() && e.py.is_none() && e.thread_name.is_none()
+}
+
+/// Where an event entry's `present` mask lies: after its type byte and `seq`.
+const MASK_AT: usize = 1 + 8;
+
+/// Writes an event entry's fixed part (its mask left for the caller to fill in, at
+/// [`MASK_AT`]) and every optional scalar that is not zero; returns their `present` bits. The
+/// lists (frames, Python frames, thread name) follow.
+#[inline(always)]
+fn put_scalars(e: &RawEvent, w: &mut Put) -> u16 {
+    use present as p;
     w.raw(&[EVENT]);
     w.u64(e.seq);
-    w.at += 2; // the present mask, below
+    w.at += 2;
     w.u32(e.api);
     w.u32(e.tid);
     w.u64(e.time_ns);
@@ -436,9 +426,7 @@ pub fn write_warm_event(e: &RawEvent, out: &mut [u8]) -> Option<usize> {
     if e.py_tstate {
         mask |= p::PY_TSTATE;
     }
-    let len = w.at;
-    out[9..11].copy_from_slice(&mask.to_le_bytes());
-    Some(len)
+    mask
 }
 
 fn put_event(e: &RawEvent, o: &mut Vec<u8>) {
