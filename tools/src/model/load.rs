@@ -103,7 +103,7 @@ impl Trace {
                         } else if python_main_seen && python_exit.is_none() && replay.ordinal() > 0 {
                             python_exit = Some(e.time_ns);
                             groups.snapshots.python_exit();
-                            exit_totals = replay.groups().iter().map(|(k, &v)| (*k, v)).collect();
+                            exit_totals = replay.groups().into_iter().collect();
                             trace.pools_at_python_exit = groups.pools.by_device.clone();
                         }
                     }
@@ -174,13 +174,13 @@ impl Trace {
         for key in displaced {
             groups.group(key).double_allocs += 1;
         }
-        for (key, &(bytes, count)) in replay.groups() {
-            let g = groups.group(*key);
+        for (key, (bytes, count)) in replay.groups() {
+            let g = groups.group(key);
             (g.live_bytes, g.live_count) = (bytes, count);
-            g.leak_stacks = replay.live().by_stack(*key);
+            g.leak_stacks = replay.live().by_stack(key);
         }
-        for (device, &live) in replay.devices() {
-            groups.devices.entry(*device).or_default().live_bytes = live;
+        for (device, live) in replay.devices() {
+            groups.devices.entry(device).or_default().live_bytes = live;
         }
         if python_exit.is_some() {
             for g in groups.groups.values_mut() {

@@ -85,6 +85,8 @@ pub struct LiveSet {
     /// The groups slots name, and their indexes.
     groups: Vec<GroupKey>,
     group_ids: FxHashMap<GroupKey, u32>,
+    /// The last group looked up, and its index: nearly every event is of the group before it.
+    last_group: Option<(GroupKey, u32)>,
     /// Allocations whose address was handed out again before their free reached the trace.
     /// Threads record in parallel: thread A frees X, thread B gets X back, and B's event can be
     /// written before A's (when the writer stopped waiting for A). A free's time is taken before
@@ -154,14 +156,30 @@ impl LiveSet {
         tally_slots(at_addresses.chain(displaced).filter(|s| s.group == group).map(|s| (s.stack, s.size)))
     }
 
-    fn group_id(&mut self, key: GroupKey) -> u32 {
-        if let Some(&id) = self.group_ids.get(&key) {
-            return id;
+    /// The index of group `key`: dense (0, 1, ... in the order groups first came), stable for
+    /// the life of the set, so the replay's observers keep their books in vectors.
+    pub fn group_id(&mut self, key: GroupKey) -> u32 {
+        if let Some((k, id)) = self.last_group {
+            if k == key {
+                return id;
+            }
         }
-        let id = self.groups.len() as u32;
-        self.groups.push(key);
-        self.group_ids.insert(key, id);
+        let id = match self.group_ids.get(&key) {
+            Some(&id) => id,
+            None => {
+                let id = self.groups.len() as u32;
+                self.groups.push(key);
+                self.group_ids.insert(key, id);
+                id
+            }
+        };
+        self.last_group = Some((key, id));
         id
+    }
+
+    /// The group of index `id` (see [`LiveSet::group_id`]).
+    pub fn group_key(&self, id: u32) -> GroupKey {
+        self.groups[id as usize]
     }
 
     fn view(&self, s: Slot, time_ns: u64) -> Live {

@@ -34,6 +34,9 @@ pub struct Step<'a> {
     pub time_ns: u64,
     /// The group of the memory: for a free, that of the allocation it frees.
     pub key: GroupKey,
+    /// `key`'s index: dense from 0 in the order groups first came, the same for the whole
+    /// replay (observers keep per-group books in vectors by it; [`Replay::group_key`]).
+    pub group: u32,
     pub addr: u64,
     /// Bytes allocated, requested (failures) or released (frees).
     pub size: u64,
@@ -87,11 +90,7 @@ impl Observer for All<'_, '_> {
 /// The replay state machine. Both passes of the model, and every merged trace, use it.
 pub struct Replay {
     apis: FxHashMap<u32, Api>,
-    live: LiveSet,
-    /// Live bytes and count per group (every group an allocation or failure was seen in).
-    groups: BTreeMap<GroupKey, (u64, u64)>,
-    /// Live GPU memory per device that had an allocation of it.
-    devices: BTreeMap<i32, u64>,
+    books: Books,
     phases: Phases,
     admission: Admission,
     /// Events applied so far (admitted or not).
@@ -107,9 +106,7 @@ impl Replay {
     pub fn new(filter: &Filter, keep_spans: bool) -> Replay {
         Replay {
             apis: FxHashMap::default(),
-            live: LiveSet::default(),
-            groups: BTreeMap::new(),
-            devices: BTreeMap::new(),
+            books: Books::default(),
             phases: Phases::new(keep_spans),
             admission: Admission::new(filter.clone()),
             ordinal: 0,
@@ -165,14 +162,15 @@ impl Replay {
         if !self.admission.admit(api, e, ns, &self.phases) {
             return true;
         }
-        let (kind, key, size, alloc_stack) = self.apply_admitted(e, ns);
-        let api = &self.apis[&e.api];
+        let (kind, group, size, alloc_stack) = self.books.apply(api.op, api.kind, e, ns);
+        let key = self.books.live.group_key(group);
         let phase_id = self.phases.current(e.tid);
         let step = Step {
             kind,
             event: e,
             time_ns: e.time_ns,
             key,
+            group,
             addr: e.addr,
             size,
             stack: e.stack,
@@ -183,65 +181,12 @@ impl Replay {
             api: &api.name,
             phase_id,
             phase: phase_id.map(|i| self.phases.name(i)),
-            group_live: self.groups.get(&key).map_or(0, |g| g.0),
-            device_live: self.devices.get(&key.device).copied().unwrap_or(0),
+            group_live: self.books.groups.get(group as usize).copied().flatten().map_or(0, |g| g.0),
+            device_live: self.books.device_live(key.device),
             ordinal: self.ordinal,
         };
         obs.step(&step);
         true
-    }
-
-    fn apply_admitted(&mut self, e: &Event, ns: u8) -> (StepKind, GroupKey, u64, u32) {
-        let api = &self.apis[&e.api];
-        let (op, kind) = (api.op, api.kind);
-        let fallback = GroupKey { device: e.device, kind };
-        match (op, e.result == 0) {
-            // `cudaMalloc(&p, 0)` succeeds and hands out NULL: nothing is allocated, and the
-            // next one at NULL displaces nothing (PyTorch without its cache makes them for
-            // empty tensors; counted as allocations at a live address they read as missed frees).
-            (Op::Alloc, true) if e.addr == 0 => (StepKind::Ignored, fallback, 0, 0),
-            (Op::Alloc, true) => {
-                // A mapping belongs to the device of the physical memory it maps, whatever
-                // device was current when cuMemMap was called.
-                let device = match kind {
-                    MemKind::VmmMapped => {
-                        self.live.get(MemKind::VmmPhysical.namespace(), e.extra).map_or(e.device, |l| l.key.device)
-                    }
-                    _ => e.device,
-                };
-                let key = GroupKey { device, kind };
-                self.live.insert(ns, e.addr, Live { key, size: e.size, stack: e.stack, time_ns: e.time_ns });
-                let g = self.groups.entry(key).or_default();
-                g.0 += e.size;
-                g.1 += 1;
-                if kind.occupies_gpu() {
-                    *self.devices.entry(e.device).or_default() += e.size;
-                }
-                (StepKind::Alloc, key, e.size, e.stack)
-            }
-            (Op::Alloc, false) => {
-                self.groups.entry(fallback).or_default();
-                (StepKind::FailedAlloc, fallback, e.size, e.stack)
-            }
-            // cudaFree(NULL) is a documented no-op, commonly used to create the context.
-            (Op::Free, true) if e.addr == 0 => (StepKind::Ignored, fallback, 0, 0),
-            (Op::Free, true) => match self.live.take_freed(ns, e) {
-                // The freed entry says what was freed: cudaFree also frees managed memory.
-                Some(old) => {
-                    let g = self.groups.entry(old.key).or_default();
-                    g.0 -= old.size;
-                    g.1 -= 1;
-                    if old.key.kind.occupies_gpu() {
-                        if let Some(d) = self.devices.get_mut(&old.key.device) {
-                            *d -= old.size;
-                        }
-                    }
-                    (StepKind::Free, old.key, old.size, old.stack)
-                }
-                None => (StepKind::BadFree, fallback, 0, 0),
-            },
-            (Op::Free, false) => (StepKind::BadFree, fallback, 0, 0),
-        }
     }
 
     /// Events applied so far (admitted or not).
@@ -260,17 +205,23 @@ impl Replay {
     }
 
     pub fn live(&self) -> &LiveSet {
-        &self.live
+        &self.books.live
     }
 
-    /// Live bytes and count of every group seen, in key order.
-    pub fn groups(&self) -> &BTreeMap<GroupKey, (u64, u64)> {
-        &self.groups
+    /// The group of index `id` (a step's `group`).
+    pub fn group_key(&self, id: u32) -> GroupKey {
+        self.books.live.group_key(id)
+    }
+
+    /// Live bytes and count of every group seen (an allocation's or a failure's), in key order.
+    pub fn groups(&self) -> BTreeMap<GroupKey, (u64, u64)> {
+        let seen = self.books.groups.iter().enumerate();
+        seen.filter_map(|(i, g)| g.map(|g| (self.group_key(i as u32), g))).collect()
     }
 
     /// Live GPU memory per device.
-    pub fn devices(&self) -> &BTreeMap<i32, u64> {
-        &self.devices
+    pub fn devices(&self) -> BTreeMap<i32, u64> {
+        self.books.devices.iter().copied().collect()
     }
 
     pub fn phases(&self) -> &Phases {
@@ -284,5 +235,99 @@ impl Replay {
     /// The filter's own tallies: allocation calls it left out, devices of every allocation.
     pub fn admission(&self) -> &Admission {
         &self.admission
+    }
+}
+
+/// What the replay keeps of the memory: the live set, and live bytes per group and per device.
+#[derive(Default)]
+struct Books {
+    live: LiveSet,
+    /// Live bytes and count per group index (`None`: no allocation or failure of it yet).
+    groups: Vec<Option<(u64, u64)>>,
+    /// Live GPU memory per device that had an allocation of it, by device (a handful: searched
+    /// in order).
+    devices: Vec<(i32, u64)>,
+}
+
+impl Books {
+    /// Applies an admitted event of an API of `op` and `kind`: what it did, the index of its
+    /// group, its bytes and the stack that allocated them.
+    fn apply(&mut self, op: Op, kind: MemKind, e: &Event, ns: u8) -> (StepKind, u32, u64, u32) {
+        let fallback = GroupKey { device: e.device, kind };
+        match (op, e.result == 0) {
+            // `cudaMalloc(&p, 0)` succeeds and hands out NULL: nothing is allocated, and the
+            // next one at NULL displaces nothing (PyTorch without its cache makes them for
+            // empty tensors; counted as allocations at a live address they read as missed frees).
+            (Op::Alloc, true) if e.addr == 0 => (StepKind::Ignored, self.live.group_id(fallback), 0, 0),
+            (Op::Alloc, true) => {
+                // A mapping belongs to the device of the physical memory it maps, whatever
+                // device was current when cuMemMap was called.
+                let device = match kind {
+                    MemKind::VmmMapped => {
+                        self.live.get(MemKind::VmmPhysical.namespace(), e.extra).map_or(e.device, |l| l.key.device)
+                    }
+                    _ => e.device,
+                };
+                let key = GroupKey { device, kind };
+                self.live.insert(ns, e.addr, Live { key, size: e.size, stack: e.stack, time_ns: e.time_ns });
+                let group = self.live.group_id(key);
+                let g = self.group(group);
+                g.0 += e.size;
+                g.1 += 1;
+                if kind.occupies_gpu() {
+                    *self.device(e.device) += e.size;
+                }
+                (StepKind::Alloc, group, e.size, e.stack)
+            }
+            (Op::Alloc, false) => {
+                let group = self.live.group_id(fallback);
+                self.group(group);
+                (StepKind::FailedAlloc, group, e.size, e.stack)
+            }
+            // cudaFree(NULL) is a documented no-op, commonly used to create the context.
+            (Op::Free, true) if e.addr == 0 => (StepKind::Ignored, self.live.group_id(fallback), 0, 0),
+            (Op::Free, true) => match self.live.take_freed(ns, e) {
+                // The freed entry says what was freed: cudaFree also frees managed memory.
+                Some(old) => {
+                    let group = self.live.group_id(old.key);
+                    let g = self.group(group);
+                    g.0 -= old.size;
+                    g.1 -= 1;
+                    if old.key.kind.occupies_gpu() {
+                        if let Some(d) = self.devices.iter_mut().find(|d| d.0 == old.key.device) {
+                            d.1 -= old.size;
+                        }
+                    }
+                    (StepKind::Free, group, old.size, old.stack)
+                }
+                None => (StepKind::BadFree, self.live.group_id(fallback), 0, 0),
+            },
+            (Op::Free, false) => (StepKind::BadFree, self.live.group_id(fallback), 0, 0),
+        }
+    }
+
+    /// Group `id`'s live bytes and count, seen from now on.
+    fn group(&mut self, id: u32) -> &mut (u64, u64) {
+        let i = id as usize;
+        if self.groups.len() <= i {
+            self.groups.resize(i + 1, None);
+        }
+        self.groups[i].get_or_insert((0, 0))
+    }
+
+    fn device(&mut self, device: i32) -> &mut u64 {
+        let i = match self.devices.iter().position(|d| d.0 == device) {
+            Some(i) => i,
+            None => {
+                self.devices.push((device, 0));
+                self.devices.sort_unstable_by_key(|d| d.0);
+                self.devices.iter().position(|d| d.0 == device).expect("just added")
+            }
+        };
+        &mut self.devices[i].1
+    }
+
+    fn device_live(&self, device: i32) -> u64 {
+        self.devices.iter().find(|d| d.0 == device).map_or(0, |d| d.1)
     }
 }
