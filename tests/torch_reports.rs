@@ -329,3 +329,32 @@ fn memviz_snapshot_of_a_python_program_names_its_lines() {
     let o = Command::new("python3").arg("-c").arg(script).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "8", "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// `summary` (text and JSON) of `trace` with the model's observers on a thread of their own
+/// (`on`) or on the replay's.
+fn summaries_with_model_thread(trace: &Path, on: bool) -> (String, String) {
+    let run = |json: bool| {
+        let mut c = Command::new(cli());
+        c.arg("summary").arg(trace).env("GPUMEMTRACE_MODEL_THREAD", if on { "1" } else { "0" });
+        if json {
+            c.arg("--json");
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    (run(false), run(true))
+}
+
+#[test]
+fn the_model_is_the_same_whether_its_observers_run_beside_the_replay_or_in_it() {
+    // A Python program (blocks in segments, growth, the program's end before the interpreter's
+    // teardown, autograd's thread) and an out-of-memory failure at block level.
+    let python = python_run("8");
+    let (_, oom) = torch_run(&["oom"], &[]);
+    for t in [&python.traces[0], &oom] {
+        let (inline, beside) = (summaries_with_model_thread(t, false), summaries_with_model_thread(t, true));
+        assert!(inline.0.contains("allocated peak"), "{}", inline.0);
+        assert_eq!(inline, beside);
+    }
+}

@@ -14,6 +14,7 @@ use gpumemtrace_format::{MemKind, Op, Record};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::autograd::Backward;
+use super::behind::{behind, threaded, Feed, Observed};
 use super::groups::Groups;
 use super::pool::{Pools, Seed};
 use super::snapshots::Moment;
@@ -67,77 +68,86 @@ impl Trace {
         let (mut python_main_seen, mut python_exit): (bool, Option<u64>) = (false, None);
         let mut exit_totals: Vec<(GroupKey, (u64, u64))> = Vec::new();
         let mut replay = Replay::new(filter, true);
-        let mut groups = Groups::default();
-        let mut series = TimeSeries::default();
         let mut backward = Backward::default();
         // Whether the event just read was a failed allocation (an `AggFailure` describes it).
         let mut last_event_failed = false;
-        trace.outcome = for_each_record(open().map_err(|e| e.to_string())?, recovery(), |rec| {
-            replay.context(&rec);
-            match rec {
-                Record::Process(p) => trace.process = Some(p),
-                Record::Api(a) => {
-                    replay.api(a.clone());
-                    trace.apis.insert(a.id, a);
-                }
-                Record::Module(m) => trace.modules.push(m),
-                Record::Stack(s) => {
-                    trace.stacks.insert(s.id, s.frames);
-                }
-                Record::Event(mut e) => {
-                    trace.events += 1;
-                    let own_python = e.pystack != 0 || e.flags & gpumemtrace_format::event_flags::PYTHON != 0;
-                    let is_alloc = replay.api_of(e.api).is_some_and(|a| a.op == Op::Alloc);
-                    e.pystack = backward.attribute(&e, is_alloc, &trace.py_codes, &trace.py_stacks);
-                    let native = e.stack;
-                    e.stack = trace.stack_key(&e);
-                    replay.pair(e.stack, native);
-                    trace.stack_tid.entry(e.stack).or_insert(e.tid);
-                    // The Python program ended before the first event of its main thread with
-                    // no Python frame (the interpreter's shutdown): what was live just before
-                    // it is what the program left. The latest such moment counts.
-                    if trace.process.as_ref().is_some_and(|p| p.pid == e.tid) {
-                        if own_python {
-                            python_main_seen = true;
-                            python_exit = None;
-                        } else if python_main_seen && python_exit.is_none() && replay.ordinal() > 0 {
-                            python_exit = Some(e.time_ns);
-                            groups.snapshots.python_exit();
-                            exit_totals = replay.groups().into_iter().collect();
-                            trace.pools_at_python_exit = groups.pools.by_device.clone();
+        // Whether the pools have learnt the driver ranges (at the first block, see `seed_at_first_block`).
+        let mut seeded = false;
+        let observed = Observed { groups: Groups::default(), series: TimeSeries::default(), ..Observed::default() };
+        let (outcome, observed) = behind(observed, threaded(), |feed| {
+            for_each_record(open().map_err(|e| e.to_string())?, recovery(), |rec| {
+                replay.context(&rec);
+                match rec {
+                    Record::Process(p) => trace.process = Some(p),
+                    Record::Api(a) => {
+                        replay.api(a.clone());
+                        trace.apis.insert(a.id, a);
+                    }
+                    Record::Module(m) => trace.modules.push(m),
+                    Record::Stack(s) => {
+                        trace.stacks.insert(s.id, s.frames);
+                    }
+                    Record::Event(mut e) => {
+                        trace.events += 1;
+                        let own_python = e.pystack != 0 || e.flags & gpumemtrace_format::event_flags::PYTHON != 0;
+                        let what = replay.api_of(e.api).map(|a| (a.op, a.kind));
+                        let is_alloc = what.is_some_and(|(op, _)| op == Op::Alloc);
+                        e.pystack = backward.attribute(&e, is_alloc, &trace.py_codes, &trace.py_stacks);
+                        let native = e.stack;
+                        e.stack = trace.stack_key(&e);
+                        replay.pair(e.stack, native);
+                        trace.stack_tid.entry(e.stack).or_insert(e.tid);
+                        // The Python program ended before the first event of its main thread with
+                        // no Python frame (the interpreter's shutdown): what was live just before
+                        // it is what the program left. The latest such moment counts.
+                        if trace.process.as_ref().is_some_and(|p| p.pid == e.tid) {
+                            if own_python {
+                                python_main_seen = true;
+                                python_exit = None;
+                            } else if python_main_seen && python_exit.is_none() && replay.ordinal() > 0 {
+                                python_exit = Some(e.time_ns);
+                                feed.python_exit();
+                                exit_totals = replay.groups().into_iter().collect();
+                            }
+                        }
+                        if !seeded && is_alloc && what.is_some_and(|(_, kind)| kind == MemKind::Block) {
+                            seed_at_first_block(feed, &replay);
+                            seeded = true;
+                        }
+                        feed.last_failed = false;
+                        if !replay.apply(&e, &mut All(&mut [&mut *feed, observe])) {
+                            trace.unknown_api_events += 1;
+                        }
+                        last_event_failed = feed.last_failed;
+                    }
+                    Record::Notice(n) => trace.notices.push(n),
+                    Record::Stats(s) => trace.stats = Some(s),
+                    Record::PyCode(c) => {
+                        trace.py_codes.insert(c.id, c);
+                    }
+                    Record::PyStack(s) => {
+                        trace.py_stacks.insert(s.id, s.frames);
+                    }
+                    Record::Thread(t) => {
+                        trace.threads.insert(t.tid, t);
+                    }
+                    Record::Phase(p) => replay.phase(&p),
+                    // Aggregate mode: what was live on the device when the failure just read was
+                    // made (the replay has no live set to tell).
+                    Record::AggFailure(a) => {
+                        if last_event_failed {
+                            feed.agg_failure(a.device, a.live_bytes);
                         }
                     }
-                    seed_at_first_block(&mut groups.pools, &replay, &e);
-                    let failures = groups.failures.len();
-                    if !replay.apply(&e, &mut All(&mut [&mut groups, &mut series, observe])) {
-                        trace.unknown_api_events += 1;
-                    }
-                    last_event_failed = groups.failures.len() > failures;
+                    r @ (Record::AggStart(_) | Record::AggSite(_) | Record::AggPeak(_) | Record::AggPhase(_) | Record::AggEnd(_)) => summaries.record(r),
+                    Record::Unknown(_) => {}
                 }
-                Record::Notice(n) => trace.notices.push(n),
-                Record::Stats(s) => trace.stats = Some(s),
-                Record::PyCode(c) => {
-                    trace.py_codes.insert(c.id, c);
-                }
-                Record::PyStack(s) => {
-                    trace.py_stacks.insert(s.id, s.frames);
-                }
-                Record::Thread(t) => {
-                    trace.threads.insert(t.tid, t);
-                }
-                Record::Phase(p) => replay.phase(&p),
-                // Aggregate mode: what was live on the device when the failure just read was
-                // made (the replay has no live set to tell).
-                Record::AggFailure(a) => {
-                    if let Some(f) = groups.failures.last_mut().filter(|f| last_event_failed && f.device == a.device) {
-                        f.live_bytes_on_device = a.live_bytes;
-                    }
-                }
-                r @ (Record::AggStart(_) | Record::AggSite(_) | Record::AggPeak(_) | Record::AggPhase(_) | Record::AggEnd(_)) => summaries.record(r),
-                Record::Unknown(_) => {}
-            }
-            ControlFlow::Continue(())
-        })?;
+                ControlFlow::Continue(())
+            })
+        });
+        trace.outcome = outcome?;
+        let Observed { mut groups, series, pools_at_python_exit } = observed;
+        trace.pools_at_python_exit = pools_at_python_exit;
 
         for (key, g) in groups.groups.iter_mut() {
             g.peak_stacks = groups.snapshots.at(Moment::Peak, *key);
@@ -222,17 +232,19 @@ impl Trace {
 }
 
 /// At the first block, lazy pools (`Pools::lazy`) learn the driver ranges live then.
-fn seed_at_first_block(pools: &mut Pools, replay: &Replay, e: &gpumemtrace_format::Event) {
-    if pools.waiting() && replay.api_of(e.api).is_some_and(|a| a.kind == MemKind::Block && a.op == Op::Alloc) {
-        let ranges = replay.live().at_addresses().filter(|(_, l)| matches!(l.key.kind, MemKind::Device | MemKind::VmmMapped));
-        pools.seed(ranges.map(|((_, addr), l)| Seed {
-            addr,
-            size: l.size,
-            device: l.key.device,
-            device_alloc: l.key.kind == MemKind::Device,
-            stack: l.stack,
-        }));
-    }
+fn seed_at_first_block(feed: &mut Feed, replay: &Replay) {
+    let ranges = replay.live().at_addresses().filter(|(_, l)| matches!(l.key.kind, MemKind::Device | MemKind::VmmMapped));
+    feed.seed(
+        ranges
+            .map(|((_, addr), l)| Seed {
+                addr,
+                size: l.size,
+                device: l.key.device,
+                device_alloc: l.key.kind == MemKind::Device,
+                stack: l.stack,
+            })
+            .collect(),
+    );
 }
 
 /// Per device with blocks: its live device memory that is not a pool segment, by stack.

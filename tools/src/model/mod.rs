@@ -10,6 +10,7 @@ pub mod aggregate;
 pub mod autograd;
 pub mod groups;
 pub mod growth;
+mod behind;
 mod load;
 pub mod pool;
 pub mod snapshots;

@@ -89,11 +89,6 @@ impl Pools {
         Pools { waiting: true, ..Pools::default() }
     }
 
-    /// Whether `seed` is still due (before the first block).
-    pub fn waiting(&self) -> bool {
-        self.waiting
-    }
-
     /// The driver ranges live now, from the live set: from here on ranges are followed as
     /// they come and go.
     pub fn seed(&mut self, live: impl Iterator<Item = Seed>) {
