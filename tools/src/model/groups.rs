@@ -77,7 +77,7 @@ impl Observer for Groups {
         let key = s.key;
         match s.kind {
             StepKind::Alloc => {
-                self.snapshots.change(key, s.alloc_stack, true, s.size);
+                self.snapshots.change(s.group, key, s.alloc_stack, true, s.size);
                 let g = self.groups.entry(key).or_default();
                 g.allocations += 1;
                 g.allocated_bytes += s.size;
@@ -85,7 +85,7 @@ impl Observer for Groups {
                     g.peak_bytes = s.group_live;
                     g.peak_time_ns = s.time_ns;
                     g.peak_event = Some(s.ordinal);
-                    self.snapshots.peak(key);
+                    self.snapshots.peak(s.group, key);
                 }
                 if key.kind.occupies_gpu() {
                     let d = self.devices.entry(key.device).or_default();
@@ -94,7 +94,7 @@ impl Observer for Groups {
                         d.peak_time_ns = s.time_ns;
                     }
                 }
-                self.growth.change(key, s.alloc_stack, s.time_ns, true, s.size);
+                self.growth.change(s.group, key, s.alloc_stack, s.time_ns, true, s.size);
             }
             StepKind::FailedAlloc => {
                 self.group(key).failed += 1;
@@ -118,8 +118,8 @@ impl Observer for Groups {
             }
             StepKind::Free => {
                 self.group(key).frees += 1;
-                self.snapshots.change(key, s.alloc_stack, false, s.size);
-                self.growth.change(key, s.alloc_stack, s.time_ns, false, s.size);
+                self.snapshots.change(s.group, key, s.alloc_stack, false, s.size);
+                self.growth.change(s.group, key, s.alloc_stack, s.time_ns, false, s.size);
             }
             StepKind::BadFree => self.bad_free(s),
             StepKind::Ignored => {}

@@ -62,24 +62,42 @@ impl Tally {
 /// Tallies by (group, stack), with their values at the latest mark of each moment.
 #[derive(Default)]
 pub struct Snapshots {
-    tallies: FxHashMap<(GroupKey, u32), Tally>,
+    /// By (group index, stack): the replay's dense group index (`Step::group`), in `keys`.
+    tallies: FxHashMap<(u32, u32), Tally>,
+    /// Each group index's key.
+    keys: Vec<Option<GroupKey>>,
     /// Device memory not in the allocator's pool (see `pool`), by (device, stack): what a
     /// direct driver allocation holds.
     direct: FxHashMap<(i32, u32), Tally>,
-    peak_marks: FxHashMap<GroupKey, u64>,
+    /// By group index.
+    peak_marks: Vec<u64>,
     failure_mark: u64,
     exit_mark: u64,
 }
 
 impl Snapshots {
-    fn marks(&self, key: GroupKey) -> [u64; MOMENTS] {
-        [self.peak_marks.get(&key).copied().unwrap_or(0), self.failure_mark, self.exit_mark]
+    fn marks(&self, group: u32) -> [u64; MOMENTS] {
+        [self.peak_marks.get(group as usize).copied().unwrap_or(0), self.failure_mark, self.exit_mark]
     }
 
-    /// `stack`'s live bytes in group `key` rose by one allocation of `bytes` (or fell by one).
-    pub fn change(&mut self, key: GroupKey, stack: u32, alloc: bool, bytes: u64) {
-        let marks = self.marks(key);
-        self.tallies.entry((key, stack)).or_default().change(marks, alloc, bytes);
+    /// Group index `group` is `key`'s.
+    fn know(&mut self, group: u32, key: GroupKey) {
+        let i = group as usize;
+        if self.keys.len() <= i {
+            self.keys.resize(i + 1, None);
+            self.peak_marks.resize(i + 1, 0);
+        }
+        self.keys[i] = Some(key);
+    }
+
+    /// `stack`'s live bytes in group `key` (index `group`) rose by one allocation of `bytes`
+    /// (or fell by one).
+    pub fn change(&mut self, group: u32, key: GroupKey, stack: u32, alloc: bool, bytes: u64) {
+        if self.keys.get(group as usize).is_none_or(Option::is_none) {
+            self.know(group, key);
+        }
+        let marks = self.marks(group);
+        self.tallies.entry((group, stack)).or_default().change(marks, alloc, bytes);
     }
 
     /// Direct device memory of `stack` on `device` rose or fell by one range of `bytes`.
@@ -88,9 +106,10 @@ impl Snapshots {
         self.direct.entry((device, stack)).or_default().change(marks, alloc, bytes);
     }
 
-    /// Now is the peak of group `key`.
-    pub fn peak(&mut self, key: GroupKey) {
-        *self.peak_marks.entry(key).or_default() += 1;
+    /// Now is the peak of group `key` (index `group`).
+    pub fn peak(&mut self, group: u32, key: GroupKey) {
+        self.know(group, key);
+        self.peak_marks[group as usize] += 1;
     }
 
     /// Now is the last out-of-memory failure (so far).
@@ -106,11 +125,13 @@ impl Snapshots {
     /// What group `key` held by stack at the latest `moment` (largest first; empty if that
     /// moment never came).
     pub fn at(&self, moment: Moment, key: GroupKey) -> Vec<StackUse> {
-        let mark = self.marks(key)[moment as usize];
+        let Some(group) = self.keys.iter().position(|k| *k == Some(key)) else { return Vec::new() };
+        let group = group as u32;
+        let mark = self.marks(group)[moment as usize];
         if mark == 0 {
             return Vec::new();
         }
-        let it = self.tallies.iter().filter(|((k, _), _)| *k == key).map(|(&(_, stack), t)| (stack, t.at(moment, mark)));
+        let it = self.tallies.iter().filter(|((g, _), _)| *g == group).map(|(&(_, stack), t)| (stack, t.at(moment, mark)));
         sorted(it)
     }
 
@@ -150,17 +171,17 @@ mod tests {
     #[test]
     fn each_moment_keeps_the_tallies_of_its_latest_mark() {
         let mut s = Snapshots::default();
-        s.change(A, 1, true, 100);
-        s.change(A, 2, true, 50);
-        s.peak(A); // 150
-        s.change(A, 2, false, 50);
-        s.change(A, 3, true, 70);
+        s.change(0, A, 1, true, 100);
+        s.change(0, A, 2, true, 50);
+        s.peak(0, A); // 150
+        s.change(0, A, 2, false, 50);
+        s.change(0, A, 3, true, 70);
         assert_eq!(uses(&s.at(Moment::Peak, A)), [(1, 100, 1), (2, 50, 1)], "the peak, not now");
-        s.change(A, 3, true, 90);
-        s.peak(A); // 260: replaces the first
+        s.change(0, A, 3, true, 90);
+        s.peak(0, A); // 260: replaces the first
         s.python_exit();
-        s.change(A, 1, false, 100);
-        s.change(B, 9, true, 5); // another group: its own peak never came
+        s.change(0, A, 1, false, 100);
+        s.change(1, B, 9, true, 5); // another group: its own peak never came
         assert_eq!(uses(&s.at(Moment::Peak, A)), [(3, 160, 2), (1, 100, 1)]);
         assert_eq!(uses(&s.at(Moment::PythonExit, A)), [(3, 160, 2), (1, 100, 1)]);
         assert!(s.at(Moment::Peak, B).is_empty());

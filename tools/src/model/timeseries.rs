@@ -111,11 +111,34 @@ impl Series {
 /// The observer: series, allocations by stack and by phase as the replay goes.
 #[derive(Default)]
 pub struct TimeSeries {
-    pub series: BTreeMap<GroupKey, Series>,
-    allocated: FxHashMap<GroupKey, FxHashMap<u32, (u64, u64)>>,
+    /// By the replay's dense group index (`Step::group`): a vector, not a map keyed by group,
+    /// as every event looks its group up.
+    groups: Vec<Option<PerGroup>>,
+}
+
+struct PerGroup {
+    key: GroupKey,
+    /// From the group's first allocation or free (a group that only failed has none).
+    series: Option<Series>,
+    allocated: FxHashMap<u32, (u64, u64)>,
     /// Allocations by phase while replaying, keyed by phase id (`u32::MAX`: none): no string
     /// per event. Named in `finish`.
-    by_phase_id: FxHashMap<(GroupKey, u32), PhaseUse>,
+    by_phase_id: FxHashMap<u32, PhaseUse>,
+}
+
+impl TimeSeries {
+    fn group(&mut self, s: &Step) -> &mut PerGroup {
+        let i = s.group as usize;
+        if self.groups.len() <= i {
+            self.groups.resize_with(i + 1, || None);
+        }
+        self.groups[i].get_or_insert_with(|| PerGroup {
+            key: s.key,
+            series: None,
+            allocated: FxHashMap::default(),
+            by_phase_id: FxHashMap::default(),
+        })
+    }
 }
 
 impl Observer for TimeSeries {
@@ -123,16 +146,17 @@ impl Observer for TimeSeries {
         let phase = s.phase_id.unwrap_or(u32::MAX);
         match s.kind {
             StepKind::Alloc => {
-                self.series.entry(s.key).or_default().add(s.time_ns, s.group_live);
-                let u = self.allocated.entry(s.key).or_default().entry(s.alloc_stack).or_default();
+                let g = self.group(s);
+                g.series.get_or_insert_with(Series::default).add(s.time_ns, s.group_live);
+                let u = g.allocated.entry(s.alloc_stack).or_default();
                 u.0 += s.size;
                 u.1 += 1;
-                let p = self.by_phase_id.entry((s.key, phase)).or_default();
+                let p = g.by_phase_id.entry(phase).or_default();
                 p.allocations += 1;
                 p.bytes += s.size;
             }
-            StepKind::Free => self.series.entry(s.key).or_default().add(s.time_ns, s.group_live),
-            StepKind::FailedAlloc => self.by_phase_id.entry((s.key, phase)).or_default().failed += 1,
+            StepKind::Free => self.group(s).series.get_or_insert_with(Series::default).add(s.time_ns, s.group_live),
+            StepKind::FailedAlloc => self.group(s).by_phase_id.entry(phase).or_default().failed += 1,
             StepKind::BadFree | StepKind::Ignored => {}
         }
     }
@@ -149,19 +173,23 @@ pub type Finished = (
 impl TimeSeries {
     /// The results, phases named by `names` (by id).
     pub fn finish(self, names: &[String]) -> Finished {
-        let mut by_phase = BTreeMap::new();
-        for ((key, id), u) in self.by_phase_id {
-            let name = names.get(id as usize).cloned().unwrap_or_default();
-            by_phase.insert((key, name), u);
+        let (mut series, mut allocated, mut by_phase) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+        for g in self.groups.into_iter().flatten() {
+            for (id, u) in g.by_phase_id {
+                let name = names.get(id as usize).cloned().unwrap_or_default();
+                by_phase.insert((g.key, name), u);
+            }
+            if let Some(s) = g.series {
+                series.insert(g.key, s);
+            }
+            if !g.allocated.is_empty() {
+                let mut v: Vec<StackUse> =
+                    g.allocated.into_iter().map(|(stack, (bytes, count))| StackUse { stack, bytes, count }).collect();
+                v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.stack.cmp(&b.stack)));
+                allocated.insert(g.key, v);
+            }
         }
-        let mut allocated = BTreeMap::new();
-        for (key, by) in self.allocated {
-            let mut v: Vec<StackUse> =
-                by.into_iter().map(|(stack, (bytes, count))| StackUse { stack, bytes, count }).collect();
-            v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.stack.cmp(&b.stack)));
-            allocated.insert(key, v);
-        }
-        (self.series, allocated, by_phase)
+        (series, allocated, by_phase)
     }
 }
 
