@@ -1,7 +1,8 @@
-//! The model of one trace: what every report reads. `load` replays the trace (twice, see there)
+//! The model of one trace: what every report reads. `load` replays the trace once
 //! with the model's observers: `groups` (statistics per device and memory kind, failures, bad
 //! frees), `pool` (segments and blocks of a caching allocator), `growth` (stacks whose live bytes
 //! keep rising) and `timeseries` (live bytes over time, allocations by stack and phase);
+//! `behind` runs those observers on a thread of their own where a core is free for it;
 //! `aggregate` reads the summaries of aggregate traces instead; `autograd` attributes allocations of PyTorch's backward threads to the waiting Python stack.
 //!
 //! The model only records, by stack id; turning stacks into call sites is the reports' job.
