@@ -171,11 +171,12 @@ fn python_flag() -> u32 {
 
 /// An event without stacks (`record` adds them).
 fn bare_event(api: u32, result: Status, f: Fields, device: i32, seq: u64, time: u64, flags: u32) -> RawEvent {
+    let (tid, thread_name) = thread::identity();
     RawEvent {
         seq,
         api,
         time_ns: time,
-        tid: thread::thread_id(),
+        tid,
         result: result as u32,
         device,
         addr: f.addr,
@@ -189,7 +190,7 @@ fn bare_event(api: u32, result: Status, f: Fields, device: i32, seq: u64, time: 
         py: None,
         py_key: 0,
         py_tstate: false,
-        thread_name: thread::first_event_name(),
+        thread_name,
     }
 }
 
