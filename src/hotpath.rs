@@ -19,14 +19,14 @@ use gpumemtrace_format::{event_flags, Op};
 use crate::cuda::{C10Device, Status, C10_CUDA, SUCCESS};
 use crate::guard::Guard;
 use crate::record::{RawEvent, Stack};
-use crate::{clock, resolve, selftime, thread, tracer, unwind};
+use crate::{clock, resolve, selftime, tracer, unwind};
 
 /// A call of API number `api` (its index in the hook table) that allocates or frees (`op`).
 // Not in the hot section: one copy per hooked function (some 30), most never called in a
 // given process; what it calls (`record`, `free_without_stack`) is.
 pub fn traced(api: u32, op: Op, call: impl FnOnce() -> Status, describe: impl FnOnce(Status) -> Option<Fields>) -> Status {
     let entered = selftime::mark();
-    let Some(_guard) = Guard::enter() else {
+    let Some(guard) = Guard::enter() else {
         return call();
     };
     if tracer::is_off() {
@@ -50,10 +50,10 @@ pub fn traced(api: u32, op: Op, call: impl FnOnce() -> Status, describe: impl Fn
                 // A free needs no stack (the allocation's says what the memory was for), only the
                 // bit that says whether Python code freed it, as a block free. A failed free
                 // keeps its stacks: a report shows where the bad free came from.
-                report_panic(catch_unwind(AssertUnwindSafe(|| free_without_stack(api, fields, seq, time))));
+                report_panic(catch_unwind(AssertUnwindSafe(|| free_without_stack(&guard, api, fields, seq, time))));
                 count_bare(entered, calling, returned);
             } else {
-                guarded_record(api, result, fields, seq, time);
+                guarded_record(&guard, api, result, fields, seq, time);
             }
         }
         return result;
@@ -63,7 +63,7 @@ pub fn traced(api: u32, op: Op, call: impl FnOnce() -> Status, describe: impl Fn
     let returned = selftime::mark();
     let recorded = catch_unwind(AssertUnwindSafe(|| {
         if let Some(fields) = describe(result) {
-            let marks = record(api, result, fields, clock::next_seq(), clock::now_ns());
+            let marks = record(&guard, api, result, fields, clock::next_seq(), clock::now_ns());
             count_stacked(entered, calling, returned, marks);
         }
     }));
@@ -102,7 +102,7 @@ fn count_bare(entered: u64, calling: u64, returned: u64) {
 #[link_section = ".text.hot.gpumemtrace"]
 pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: Option<(u64, u64)>, forward: impl FnOnce()) {
     let entered = selftime::mark();
-    let Some(_guard) = Guard::enter() else {
+    let Some(guard) = Guard::enter() else {
         return forward();
     };
     if tracer::is_off() || device.type_ != C10_CUDA || size == 0 || ptr == 0 {
@@ -122,7 +122,7 @@ pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: O
         // with one bit saying whether the program (not the interpreter's shutdown) freed it.
         let recorded = catch_unwind(AssertUnwindSafe(|| {
             let (seq, time) = (clock::next_seq(), clock::now_ns());
-            (seq, time, python_flag())
+            (seq, time, python_flag(&guard))
         }));
         let calling = selftime::mark();
         forward();
@@ -131,7 +131,7 @@ pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: O
             Ok((seq, time, flags)) => report_panic(catch_unwind(AssertUnwindSafe(|| {
                 if tracer::ensure_started() {
                     let device = fields.device.unwrap_or(-1);
-                    tracer::submit(bare_event(apis.1, SUCCESS, fields, device, seq, time, flags));
+                    tracer::submit(bare_event(&guard, apis.1, SUCCESS, fields, device, seq, time, flags));
                     count_bare(entered, calling, returned);
                 }
             }))),
@@ -143,26 +143,26 @@ pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: O
     forward();
     let returned = selftime::mark();
     report_panic(catch_unwind(AssertUnwindSafe(|| {
-        let marks = record(apis.0, SUCCESS, fields, clock::next_seq(), clock::now_ns());
+        let marks = record(&guard, apis.0, SUCCESS, fields, clock::next_seq(), clock::now_ns());
         count_stacked(entered, calling, returned, marks);
     })));
 }
 
 #[link_section = ".text.hot.gpumemtrace"]
-fn free_without_stack(api: u32, f: Fields, seq: u64, time: u64) {
+fn free_without_stack(guard: &Guard, api: u32, f: Fields, seq: u64, time: u64) {
     if !tracer::ensure_started() {
         return;
     }
     let device = f.device.unwrap_or_else(resolve::current_device);
-    tracer::submit(bare_event(api, SUCCESS, f, device, seq, time, python_flag()));
+    tracer::submit(bare_event(guard, api, SUCCESS, f, device, seq, time, python_flag(guard)));
 }
 
 /// A free's flag: whether the program's Python code made it. Only the main thread's events tell
 /// the Python program's end (the reader's and the aggregate writer's rule), so other threads'
 /// frees skip the interpreter lookup (two calls into libpython, about 100 ns on a busy host).
 #[link_section = ".text.hot.gpumemtrace"]
-fn python_flag() -> u32 {
-    if thread::is_main_thread() && crate::python::has_frames() {
+fn python_flag(guard: &Guard) -> u32 {
+    if guard.is_main_thread() && crate::python::has_frames() {
         event_flags::PYTHON
     } else {
         0
@@ -170,8 +170,9 @@ fn python_flag() -> u32 {
 }
 
 /// An event without stacks (`record` adds them).
-fn bare_event(api: u32, result: Status, f: Fields, device: i32, seq: u64, time: u64, flags: u32) -> RawEvent {
-    let (tid, thread_name) = thread::identity();
+#[allow(clippy::too_many_arguments)]
+fn bare_event(guard: &Guard, api: u32, result: Status, f: Fields, device: i32, seq: u64, time: u64, flags: u32) -> RawEvent {
+    let (tid, thread_name) = guard.identity();
     RawEvent {
         seq,
         api,
@@ -194,9 +195,9 @@ fn bare_event(api: u32, result: Status, f: Fields, device: i32, seq: u64, time: 
     }
 }
 
-fn guarded_record(api: u32, result: Status, f: Fields, seq: u64, time: u64) {
+fn guarded_record(guard: &Guard, api: u32, result: Status, f: Fields, seq: u64, time: u64) {
     report_panic(catch_unwind(AssertUnwindSafe(|| {
-        record(api, result, f, seq, time);
+        record(guard, api, result, f, seq, time);
     })));
 }
 
@@ -222,7 +223,7 @@ fn panicked(payload: Box<dyn std::any::Any + Send>) {
 /// stack, the native stack, the hand-off and after it (all 0 when not measuring), and whether
 /// the event has a Python stack.
 #[link_section = ".text.hot.gpumemtrace"]
-fn record(api: u32, result: Status, f: Fields, seq: u64, time: u64) -> ([u64; 4], bool) {
+fn record(guard: &Guard, api: u32, result: Status, f: Fields, seq: u64, time: u64) -> ([u64; 4], bool) {
     if !tracer::ensure_started() {
         return ([0; 4], false);
     }
@@ -247,7 +248,7 @@ fn record(api: u32, result: Status, f: Fields, seq: u64, time: u64) -> ([u64; 4]
     let python_done = selftime::mark();
     let frames = unwind::capture(tracer::max_frames(), stop);
     let native_done = selftime::mark();
-    let event = RawEvent { frames, py, py_key, py_tstate, ..bare_event(api, result, f, device, seq, time, flags) };
+    let event = RawEvent { frames, py, py_key, py_tstate, ..bare_event(guard, api, result, f, device, seq, time, flags) };
     tracer::submit(event);
     if !known.is_empty() {
         crate::python::remember(&known);

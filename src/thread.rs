@@ -1,11 +1,14 @@
-//! Per-thread identity: the kernel thread id (cached) and the thread's name on its first event.
-//! Depends on nothing.
+//! Per-thread state: the hook depth (`guard`), the kernel thread id (cached), whether it is the
+//! main thread, and the thread's name on its first event. Depends on nothing.
 
 use std::cell::Cell;
 
-/// The thread's identity, in one thread-local: each lookup of a cdylib's thread-local is a call
-/// into the loader, and an event needs the id and the first-event flag together.
-struct Me {
+/// The thread's state, in one thread-local: each lookup of a cdylib's thread-local is a call into
+/// the loader, and an event needs the guard's depth, the id and the first-event flag together
+/// (the guard keeps where this is: `guard::Guard::identity`).
+pub struct Me {
+    /// The hook depth (see `guard`).
+    pub(crate) depth: Cell<u32>,
     tid: Cell<u32>,
     named: Cell<bool>,
     /// 0: not known yet, 1: the process's main thread (its id is the process id), 2: another.
@@ -14,7 +17,7 @@ struct Me {
 
 thread_local! {
     // const-initialised and Drop-free: usable at any point of a thread's life, teardown included.
-    static ME: Me = const { Me { tid: Cell::new(0), named: Cell::new(false), main: Cell::new(0) } };
+    static ME: Me = const { Me { depth: Cell::new(0), tid: Cell::new(0), named: Cell::new(false), main: Cell::new(0) } };
 }
 
 fn gettid() -> u32 {
@@ -35,6 +38,13 @@ impl Me {
         }
     }
 
+    /// The kernel thread id, and the thread's name on its first event only (read here because
+    /// the thread may be gone by the time the writer gets to it).
+    #[inline]
+    pub fn identity(&self) -> (u32, Option<String>) {
+        (self.tid(), self.first_name())
+    }
+
     /// The thread's name (`prctl(PR_GET_NAME)`), the first time only.
     #[inline]
     fn first_name(&self) -> Option<String> {
@@ -45,7 +55,7 @@ impl Me {
     }
 
     #[inline]
-    fn is_main(&self) -> bool {
+    pub fn is_main(&self) -> bool {
         match self.main.get() {
             0 => {
                 // SAFETY: getpid has no preconditions.
@@ -69,24 +79,16 @@ fn read_name() -> Option<String> {
     Some(String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
-/// The kernel thread id (cached), and the thread's name on its first event only (read here
-/// because the thread may be gone by the time the writer gets to it): one thread-local lookup.
+/// `f` of this thread's state (`None` only if the thread-local were gone: it has no destructor).
 #[link_section = ".text.hot.gpumemtrace"]
-pub fn identity() -> (u32, Option<String>) {
-    ME.try_with(|m| (m.tid(), m.first_name())).unwrap_or_else(|_| (gettid(), None))
+pub fn with_me<R>(f: impl FnOnce(&Me) -> R) -> Option<R> {
+    ME.try_with(f).ok()
 }
 
 /// The kernel thread id, cached per thread (reset in a forked child).
 #[link_section = ".text.hot.gpumemtrace"]
 pub fn thread_id() -> u32 {
     ME.try_with(Me::tid).unwrap_or_else(|_| gettid())
-}
-
-/// Whether this is the process's main thread (thread id = process id), cached per thread.
-#[link_section = ".text.hot.gpumemtrace"]
-pub fn is_main_thread() -> bool {
-    // SAFETY: getpid has no preconditions.
-    ME.try_with(Me::is_main).unwrap_or_else(|_| gettid() == unsafe { libc::getpid() } as u32)
 }
 
 /// After fork the child's only thread has a new id (and is the child's main thread).
