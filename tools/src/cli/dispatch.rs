@@ -68,7 +68,7 @@ fn filter(sel: &Select) -> Filter {
     sel.scope.filter(sel.device, sel.phase.clone())
 }
 
-fn load(path: &Path, f: &Filter, observe: &mut dyn Observer) -> Result<Trace> {
+fn load(path: &Path, f: &Filter, observe: &mut (dyn Observer + Send)) -> Result<Trace> {
     let t = crate::model::load(path, f, observe)?;
     let p = input::display(path);
     warn_outcome(path, &t.outcome);

@@ -4,14 +4,17 @@
 //! next one reads), so a summary of 10^8 events now takes the longest of three stages (reading,
 //! replaying, observing), not the sum of the last two.
 //!
-//! The replay hands over owned copies of its steps, in order, with the few moments the
+//! The caller's observer (the summary's temporary allocations, an exporter's collector) goes
+//! with them. The replay hands over owned copies of its steps, in order, with the few moments the
 //! observers must know of at the exact point in the stream (the Python program's end, the pools'
-//! seed, an aggregate trace's failure detail) as messages of their own between them.
+//! seed, an aggregate trace's failure detail) and the names steps refer to (APIs, phases) as
+//! messages of their own between them: an observer sees the same steps on either thread.
 
 use std::collections::BTreeMap;
 
 use crossbeam_channel::{Receiver, Sender};
 use gpumemtrace_format::Event;
+use rustc_hash::FxHashMap;
 
 use super::groups::Groups;
 use super::pool::{Pool, Seed};
@@ -26,22 +29,50 @@ const BATCH: usize = 128;
 const AHEAD: usize = 6;
 
 /// What the observers hold when the replay is done.
-#[derive(Default)]
-pub struct Observed {
+pub struct Observed<'a> {
     pub groups: Groups,
     pub series: TimeSeries,
     /// The pools when the Python program ended (see [`Feed::python_exit`]).
     pub pools_at_python_exit: BTreeMap<i32, Pool>,
+    /// The caller's observer, after the model's own.
+    extra: &'a mut (dyn Observer + Send),
+    /// The names steps refer to, as the replay's: APIs by id, phases by id.
+    apis: FxHashMap<u32, Box<str>>,
+    phases: Vec<Box<str>>,
 }
 
-impl Observed {
+impl<'a> Observed<'a> {
+    pub fn new(extra: &'a mut (dyn Observer + Send)) -> Observed<'a> {
+        Observed {
+            groups: Groups::default(),
+            series: TimeSeries::default(),
+            pools_at_python_exit: BTreeMap::new(),
+            extra,
+            apis: FxHashMap::default(),
+            phases: Vec::new(),
+        }
+    }
+
+    fn step(&mut self, s: &Step) {
+        self.groups.step(s);
+        self.series.step(s);
+        self.extra.step(s);
+    }
+
     fn take(&mut self, m: &mut Msg) {
         match m {
             Msg::Step(s) => {
-                let step = s.as_step();
+                let api = self.apis.get(&s.event.api).map_or("", |n| n);
+                let phase = s.phase_id.and_then(|i| self.phases.get(i as usize)).map(|n| &**n);
+                let step = s.as_step(api, phase);
                 self.groups.step(&step);
                 self.series.step(&step);
+                self.extra.step(&step);
             }
+            Msg::Api { id, name } => {
+                self.apis.insert(*id, std::mem::take(name));
+            }
+            Msg::Phase(name) => self.phases.push(std::mem::take(name)),
             Msg::PythonExit => {
                 self.groups.snapshots.python_exit();
                 self.pools_at_python_exit = self.groups.pools.by_device.clone();
@@ -63,11 +94,14 @@ enum Msg {
     PythonExit,
     Seed(Vec<Seed>),
     AggFailure { device: i32, live_bytes: u64 },
+    /// The API `id`'s name (an `Api` record).
+    Api { id: u32, name: Box<str> },
+    /// The next phase id's name.
+    Phase(Box<str>),
 }
 
 /// A [`Step`] that can cross to the observers' thread: the fields a step copies from its event
-/// are taken from the event again. The API's name goes along only where the observers keep it
-/// (failures, bad frees); the phase by id only (the observers use no name).
+/// are taken from the event again, names from the observers' copies of the replay's.
 struct OwnedStep {
     event: Event,
     key: GroupKey,
@@ -79,12 +113,10 @@ struct OwnedStep {
     group_live: u64,
     device_live: u64,
     ordinal: u64,
-    api: Option<Box<str>>,
 }
 
 impl OwnedStep {
     fn of(s: &Step) -> OwnedStep {
-        let keeps_api = matches!(s.kind, StepKind::FailedAlloc | StepKind::BadFree);
         OwnedStep {
             event: *s.event,
             key: s.key,
@@ -96,11 +128,10 @@ impl OwnedStep {
             group_live: s.group_live,
             device_live: s.device_live,
             ordinal: s.ordinal,
-            api: keeps_api.then(|| s.api.into()),
         }
     }
 
-    fn as_step(&self) -> Step<'_> {
+    fn as_step<'a>(&'a self, api: &'a str, phase: Option<&'a str>) -> Step<'a> {
         let e = &self.event;
         Step {
             kind: self.kind,
@@ -115,9 +146,9 @@ impl OwnedStep {
             stream: e.stream,
             tid: e.tid,
             result: e.result,
-            api: self.api.as_deref().unwrap_or(""),
+            api,
             phase_id: self.phase_id,
-            phase: None,
+            phase,
             group_live: self.group_live,
             device_live: self.device_live,
             ordinal: self.ordinal,
@@ -127,18 +158,18 @@ impl OwnedStep {
 
 /// The replay's side: an [`Observer`] that hands steps over (or, inline, shows them to the
 /// observers at once), and the other messages.
-pub struct Feed {
-    sink: Sink,
+pub struct Feed<'a> {
+    sink: Sink<'a>,
     /// Whether the last step was a failed allocation (the observers recorded a failure).
     pub last_failed: bool,
 }
 
-enum Sink {
-    Inline(Box<Observed>),
+enum Sink<'a> {
+    Inline(Box<Observed<'a>>),
     Thread { full: Option<Sender<Vec<Msg>>>, empty: Receiver<Vec<Msg>>, batch: Vec<Msg> },
 }
 
-impl Feed {
+impl Feed<'_> {
     fn push(&mut self, mut m: Msg) {
         match &mut self.sink {
             Sink::Inline(observed) => observed.take(&mut m),
@@ -176,16 +207,31 @@ impl Feed {
     pub fn agg_failure(&mut self, device: i32, live_bytes: u64) {
         self.push(Msg::AggFailure { device, live_bytes });
     }
+
+    /// API `id` is named `name` (steps behind name it so).
+    pub fn api(&mut self, id: u32, name: &str) {
+        if let Sink::Thread { .. } = self.sink {
+            self.push(Msg::Api { id, name: name.into() });
+        }
+    }
+
+    /// The replay named phases up to `names` (steps behind name them so): `sent` of them
+    /// were handed over before.
+    pub fn phases(&mut self, names: &[String], sent: &mut usize) {
+        if let Sink::Thread { .. } = self.sink {
+            for n in &names[*sent..] {
+                self.push(Msg::Phase(n.as_str().into()));
+            }
+        }
+        *sent = names.len();
+    }
 }
 
-impl Observer for Feed {
+impl Observer for Feed<'_> {
     fn step(&mut self, s: &Step) {
         self.last_failed = s.kind == StepKind::FailedAlloc;
         match &mut self.sink {
-            Sink::Inline(observed) => {
-                observed.groups.step(s);
-                observed.series.step(s);
-            }
+            Sink::Inline(observed) => observed.step(s),
             Sink::Thread { .. } => self.push(Msg::Step(OwnedStep::of(s))),
         }
     }
@@ -204,7 +250,7 @@ pub fn threaded() -> bool {
 
 /// Runs `replay` with a [`Feed`] whose steps `observed` follows, on a thread of its own where
 /// `thread`; returns what `replay` returned and the observers' state once every step reached them.
-pub fn behind<T>(mut observed: Observed, thread: bool, replay: impl FnOnce(&mut Feed) -> T) -> (T, Observed) {
+pub fn behind<'a, T>(mut observed: Observed<'a>, thread: bool, replay: impl FnOnce(&mut Feed<'a>) -> T) -> (T, Observed<'a>) {
     if !thread {
         let mut feed = Feed { sink: Sink::Inline(Box::new(observed)), last_failed: false };
         let out = replay(&mut feed);

@@ -15,17 +15,15 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::autograd::Backward;
 use super::behind::{behind, threaded, Feed, Observed};
-use super::groups::Groups;
 use super::pool::{Pools, Seed};
 use super::snapshots::Moment;
-use super::timeseries::TimeSeries;
 use super::trace::Trace;
 use crate::error::Error;
 use crate::read::filter::Filter;
 use crate::read::input::{display, Input};
 use crate::read::live::{tally, GroupKey, LiveSet, StackUse};
 use crate::read::records::{for_each_record, Outcome};
-use crate::read::replay::{All, Observer, Replay};
+use crate::read::replay::{Observer, Replay};
 
 impl Trace {
     /// Loads a trace from a source (opened once). (Reports load
@@ -41,7 +39,7 @@ impl Trace {
     pub fn load_with<R: Read + Send>(
         open: impl Fn() -> io::Result<R>,
         filter: &Filter,
-        observe: &mut dyn Observer,
+        observe: &mut (dyn Observer + Send),
     ) -> Result<Trace, Error> {
         Trace::load_recovering(open, &|| None, filter, observe)
     }
@@ -52,7 +50,7 @@ impl Trace {
         open: impl Fn() -> io::Result<R>,
         recovery: &dyn Fn() -> Option<gpumemtrace_format::recover::Recovery>,
         filter: &Filter,
-        observe: &mut dyn Observer,
+        observe: &mut (dyn Observer + Send),
     ) -> Result<Trace, Error> {
         let mut trace = Trace::default();
         // An aggregate trace (see `aggregate`) is not completed from its journal: the events it
@@ -73,13 +71,16 @@ impl Trace {
         let mut last_event_failed = false;
         // Whether the pools have learnt the driver ranges (at the first block, see `seed_at_first_block`).
         let mut seeded = false;
-        let observed = Observed { groups: Groups::default(), series: TimeSeries::default(), ..Observed::default() };
+        // Phase names handed to the observers so far (see `Feed::phases`).
+        let mut phases_sent = 0;
+        let observed = Observed::new(observe);
         let (outcome, observed) = behind(observed, threaded(), |feed| {
             for_each_record(open().map_err(|e| e.to_string())?, recovery(), |rec| {
                 replay.context(&rec);
                 match rec {
                     Record::Process(p) => trace.process = Some(p),
                     Record::Api(a) => {
+                        feed.api(a.id, &a.name);
                         replay.api(a.clone());
                         trace.apis.insert(a.id, a);
                     }
@@ -115,7 +116,7 @@ impl Trace {
                             seeded = true;
                         }
                         feed.last_failed = false;
-                        if !replay.apply(&e, &mut All(&mut [&mut *feed, observe])) {
+                        if !replay.apply(&e, feed) {
                             trace.unknown_api_events += 1;
                         }
                         last_event_failed = feed.last_failed;
@@ -131,7 +132,10 @@ impl Trace {
                     Record::Thread(t) => {
                         trace.threads.insert(t.tid, t);
                     }
-                    Record::Phase(p) => replay.phase(&p),
+                    Record::Phase(p) => {
+                        replay.phase(&p);
+                        feed.phases(replay.phases().names(), &mut phases_sent);
+                    }
                     // Aggregate mode: what was live on the device when the failure just read was
                     // made (the replay has no live set to tell).
                     Record::AggFailure(a) => {
@@ -146,7 +150,7 @@ impl Trace {
             })
         });
         trace.outcome = outcome?;
-        let Observed { mut groups, series, pools_at_python_exit } = observed;
+        let Observed { mut groups, series, pools_at_python_exit, .. } = observed;
         trace.pools_at_python_exit = pools_at_python_exit;
 
         for (key, g) in groups.groups.iter_mut() {
@@ -266,14 +270,14 @@ fn direct_by_stack(live: &LiveSet, pools: &Pools) -> BTreeMap<i32, Vec<StackUse>
 
 /// Loads `path` (`-`: standard input) with a progress bar on stderr (drawn only when stderr is
 /// a terminal and the trace is large enough to wait for).
-pub fn load(path: &Path, filter: &Filter, observe: &mut dyn Observer) -> Result<Trace, Error> {
+pub fn load(path: &Path, filter: &Filter, observe: &mut (dyn Observer + Send)) -> Result<Trace, Error> {
     load_input(&Input::open(path)?, filter, observe)
 }
 
 /// [`load`] from an opened input: a file is streamed, a stream was read once into
 /// memory. A trace with nothing readable (an empty file, one that ends inside the header) is an
 /// error: there is nothing to report on, and "no allocations" would say something untrue.
-pub fn load_input(input: &Input, filter: &Filter, observe: &mut dyn Observer) -> Result<Trace, Error> {
+pub fn load_input(input: &Input, filter: &Filter, observe: &mut (dyn Observer + Send)) -> Result<Trace, Error> {
     let len = input.len();
     let bar = if len >= 32 << 20 {
         let b = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());

@@ -76,17 +76,6 @@ impl Observer for () {
     fn step(&mut self, _: &Step) {}
 }
 
-/// Several observers, each shown every step in turn.
-pub struct All<'a, 'b>(pub &'a mut [&'b mut dyn Observer]);
-
-impl Observer for All<'_, '_> {
-    fn step(&mut self, s: &Step) {
-        for o in self.0.iter_mut() {
-            o.step(s);
-        }
-    }
-}
-
 /// The replay state machine. Both passes of the model, and every merged trace, use it.
 pub struct Replay {
     apis: FxHashMap<u32, Api>,
