@@ -73,6 +73,8 @@ impl Trace {
         let mut seeded = false;
         // Phase names handed to the observers so far (see `Feed::phases`).
         let mut phases_sent = 0;
+        // The last two stacks seen, whose first threads `stack_tid` already has.
+        let mut last_stacks: [Option<u32>; 2] = [None, None];
         let observed = Observed::new(observe);
         let (outcome, observed) = behind(observed, threaded(), |feed| {
             for_each_record(open().map_err(|e| e.to_string())?, recovery(), |rec| {
@@ -97,7 +99,11 @@ impl Trace {
                         let native = e.stack;
                         e.stack = trace.stack_key(&e);
                         replay.pair(e.stack, native);
-                        trace.stack_tid.entry(e.stack).or_insert(e.tid);
+                        // Most events repeat one of the last two stacks (allocations' and frees').
+                        if !last_stacks.contains(&Some(e.stack)) {
+                            last_stacks = [Some(e.stack), last_stacks[0]];
+                            trace.stack_tid.entry(e.stack).or_insert(e.tid);
+                        }
                         // The Python program ended before the first event of its main thread with
                         // no Python frame (the interpreter's shutdown): what was live just before
                         // it is what the program left. The latest such moment counts.

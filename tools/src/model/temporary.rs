@@ -20,15 +20,39 @@ struct Recent {
 
 pub struct Temporary {
     threshold: usize,
-    /// Each thread's last `threshold + 1` allocations, newest first.
-    recent: FxHashMap<u32, VecDeque<Recent>>,
+    /// Each thread's last `threshold + 1` allocations, newest first; `by_tid` finds them, and
+    /// `last` is the thread of the last event (most events come from the thread before).
+    recent: Vec<VecDeque<Recent>>,
+    by_tid: FxHashMap<u32, usize>,
+    last: Option<(u32, usize)>,
     /// Temporary bytes and count per group and stack.
     found: FxHashMap<(GroupKey, u32), (u64, u64)>,
 }
 
 impl Temporary {
     pub fn new(threshold: usize) -> Temporary {
-        Temporary { threshold, recent: FxHashMap::default(), found: FxHashMap::default() }
+        Temporary { threshold, recent: Vec::new(), by_tid: FxHashMap::default(), last: None, found: FxHashMap::default() }
+    }
+
+    /// Thread `tid`'s recent allocations (made empty when `create`, else none if it has none).
+    fn recent(&mut self, tid: u32, create: bool) -> Option<&mut VecDeque<Recent>> {
+        let i = match self.last {
+            Some((t, i)) if t == tid => i,
+            _ => {
+                let i = match self.by_tid.get(&tid) {
+                    Some(&i) => i,
+                    None if create => {
+                        self.recent.push(VecDeque::new());
+                        self.by_tid.insert(tid, self.recent.len() - 1);
+                        self.recent.len() - 1
+                    }
+                    None => return None,
+                };
+                self.last = Some((tid, i));
+                i
+            }
+        };
+        Some(&mut self.recent[i])
     }
 
     /// Temporary allocations per group, by stack, most first (then by bytes).
@@ -48,12 +72,13 @@ impl Observer for Temporary {
     fn step(&mut self, s: &Step) {
         match s.kind {
             StepKind::Alloc => {
-                let q = self.recent.entry(s.tid).or_default();
+                let keep = self.threshold.saturating_add(1);
+                let q = self.recent(s.tid, true).expect("made when missing");
                 q.push_front(Recent { key: s.key, addr: s.addr, stack: s.alloc_stack, size: s.size });
-                q.truncate(self.threshold.saturating_add(1));
+                q.truncate(keep);
             }
             StepKind::Free => {
-                let Some(q) = self.recent.get_mut(&s.tid) else { return };
+                let Some(q) = self.recent(s.tid, false) else { return };
                 if let Some(i) = q.iter().position(|r| r.addr == s.addr && r.key == s.key) {
                     let r = q.remove(i).expect("position is in range");
                     let f = self.found.entry((r.key, r.stack)).or_default();

@@ -38,6 +38,8 @@ impl Filter {
 #[derive(Default)]
 pub struct Admission {
     filter: Filter,
+    /// The filter admits everything (asked once, not at every event).
+    everything: bool,
     /// `--module`'s verdicts on stacks.
     modules: Option<StackMatch>,
     /// Live allocations the filter left out, so that their frees are left out too.
@@ -53,7 +55,7 @@ pub struct Admission {
 impl Admission {
     pub fn new(filter: Filter) -> Admission {
         let modules = filter.module.as_deref().map(StackMatch::new);
-        Admission { filter, modules, ..Admission::default() }
+        Admission { everything: filter.is_empty(), filter, modules, ..Admission::default() }
     }
 
     /// Takes what `--module` needs from a record (modules, stacks, Python code and stacks).
@@ -81,7 +83,7 @@ impl Admission {
             self.last_device = Some(e.device);
             self.devices.insert(e.device);
         }
-        if self.filter.is_empty() {
+        if self.everything {
             return true;
         }
         match api.op {
