@@ -18,7 +18,10 @@ use crate::read::replay::{Observer, Step, StepKind};
 pub const MAX_BAD_FREES: usize = 100_000;
 
 pub struct Groups {
+    /// By key, once [`Groups::settle`] ran (after the replay).
     pub groups: BTreeMap<GroupKey, Group>,
+    /// During the replay: by the replay's dense group index (`Step::group`), no map lookup an event.
+    by_index: Vec<Option<(GroupKey, Group)>>,
     pub devices: BTreeMap<i32, DeviceTotal>,
     pub failures: Vec<Failure>,
     pub bad_frees: Vec<BadFree>,
@@ -35,6 +38,7 @@ impl Default for Groups {
     fn default() -> Groups {
         Groups {
             groups: BTreeMap::new(),
+            by_index: Vec::new(),
             devices: BTreeMap::new(),
             failures: Vec::new(),
             bad_frees: Vec::new(),
@@ -49,6 +53,22 @@ impl Default for Groups {
 impl Groups {
     pub fn group(&mut self, key: GroupKey) -> &mut Group {
         self.groups.entry(key).or_default()
+    }
+
+    /// The statistics of the step's group, during the replay.
+    fn slot(&mut self, s: &Step) -> &mut Group {
+        let i = s.group as usize;
+        if self.by_index.len() <= i {
+            self.by_index.resize_with(i + 1, || None);
+        }
+        &mut self.by_index[i].get_or_insert_with(|| (s.key, Group::default())).1
+    }
+
+    /// The replay is done: the statistics by key.
+    pub fn settle(&mut self) {
+        for (key, g) in std::mem::take(&mut self.by_index).into_iter().flatten() {
+            self.groups.insert(key, g);
+        }
     }
 
     fn bad_free(&mut self, s: &Step) {
@@ -78,7 +98,7 @@ impl Observer for Groups {
         match s.kind {
             StepKind::Alloc => {
                 self.snapshots.change(s.group, key, s.alloc_stack, true, s.size);
-                let g = self.groups.entry(key).or_default();
+                let g = self.slot(s);
                 g.allocations += 1;
                 g.allocated_bytes += s.size;
                 if s.group_live > g.peak_bytes {
@@ -97,7 +117,7 @@ impl Observer for Groups {
                 self.growth.change(s.group, key, s.alloc_stack, s.time_ns, true, s.size);
             }
             StepKind::FailedAlloc => {
-                self.group(key).failed += 1;
+                self.slot(s).failed += 1;
                 let e = s.event;
                 let pool = self.pools.by_device.get(&e.device).cloned();
                 self.failures.push(Failure {
@@ -117,7 +137,7 @@ impl Observer for Groups {
                 }
             }
             StepKind::Free => {
-                self.group(key).frees += 1;
+                self.slot(s).frees += 1;
                 self.snapshots.change(s.group, key, s.alloc_stack, false, s.size);
                 self.growth.change(s.group, key, s.alloc_stack, s.time_ns, false, s.size);
             }

@@ -157,6 +157,7 @@ impl Trace {
         });
         trace.outcome = outcome?;
         let Observed { mut groups, series, pools_at_python_exit, .. } = observed;
+        groups.settle();
         trace.pools_at_python_exit = pools_at_python_exit;
 
         for (key, g) in groups.groups.iter_mut() {
