@@ -104,8 +104,10 @@ impl LiveSet {
 
     /// A new allocation at `addr`; one still live there is displaced, not forgotten (it stays
     /// live until its own free arrives, or is a leak if none does).
-    pub fn insert(&mut self, ns: u8, addr: u64, l: Live) {
-        let slot = Slot { size: l.size, stack: l.stack, group: self.group_id(l.key) };
+    /// Returns the index of the allocation's group (see [`LiveSet::group_id`]).
+    pub fn insert(&mut self, ns: u8, addr: u64, l: Live) -> u32 {
+        let group = self.group_id(l.key);
+        let slot = Slot { size: l.size, stack: l.stack, group };
         while self.live.len() <= ns as usize {
             self.live.push(Shards::new());
         }
@@ -115,11 +117,18 @@ impl LiveSet {
             d.old.extend(before);
             d.live_time_ns = l.time_ns;
         }
+        group
     }
 
     /// The allocation a successful free at `e.addr` frees: the live one, or, for a free older
     /// than it, the newest allocation it displaced.
+    #[cfg(test)]
     pub fn take_freed(&mut self, ns: u8, e: &Event) -> Option<Live> {
+        self.take_freed_in_group(ns, e).map(|(l, _)| l)
+    }
+
+    /// [`LiveSet::take_freed`], with the index of the allocation's group.
+    pub fn take_freed_in_group(&mut self, ns: u8, e: &Event) -> Option<(Live, u32)> {
         let k = (ns, e.addr);
         let shards = self.live.get_mut(ns as usize)?;
         if let Some(d) = self.displaced.get_mut(&k) {
@@ -129,11 +138,11 @@ impl LiveSet {
                 if d.old.is_empty() {
                     self.displaced.remove(&k);
                 }
-                return Some(self.view(old, 0));
+                return Some((self.view(old, 0), old.group));
             }
         }
         let slot = shards.of(e.addr).remove(&e.addr)?;
-        Some(self.view(slot, 0))
+        Some((self.view(slot, 0), slot.group))
     }
 
     /// Live allocations at their address, by (namespace, address); displaced ones apart.

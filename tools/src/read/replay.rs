@@ -258,8 +258,7 @@ impl Books {
                     _ => e.device,
                 };
                 let key = GroupKey { device, kind };
-                self.live.insert(ns, e.addr, Live { key, size: e.size, stack: e.stack, time_ns: e.time_ns });
-                let group = self.live.group_id(key);
+                let group = self.live.insert(ns, e.addr, Live { key, size: e.size, stack: e.stack, time_ns: e.time_ns });
                 let g = self.group(group);
                 g.0 += e.size;
                 g.1 += 1;
@@ -275,10 +274,9 @@ impl Books {
             }
             // cudaFree(NULL) is a documented no-op, commonly used to create the context.
             (Op::Free, true) if e.addr == 0 => (StepKind::Ignored, self.live.group_id(fallback), 0, 0),
-            (Op::Free, true) => match self.live.take_freed(ns, e) {
+            (Op::Free, true) => match self.live.take_freed_in_group(ns, e) {
                 // The freed entry says what was freed: cudaFree also frees managed memory.
-                Some(old) => {
-                    let group = self.live.group_id(old.key);
+                Some((old, group)) => {
                     let g = self.group(group);
                     g.0 -= old.size;
                     g.1 -= 1;
