@@ -471,6 +471,65 @@ fn str_(o: &mut Vec<u8>, s: &str, cut: bool) {
     }
 }
 
+/// A warm event entry (scalars only, as `write_warm_event` writes it) read after one length
+/// check: the writer thread decodes one of these for nearly every event. `None` for any other
+/// entry, which the general decoder then reads (and names what is wrong with it).
+#[inline]
+fn decode_warm(b: &[u8]) -> Option<RawEvent> {
+    use present as p;
+    const FOURS: u16 = p::RESULT | p::DEVICE | p::FLAGS;
+    const EIGHTS: u16 =
+        p::SIZE | p::STREAM | p::EXTRA | p::TOTAL_ALLOCATED | p::TOTAL_RESERVED | p::STACK_KEY | p::PY_KEY;
+    let mask = u16::from_le_bytes(b.get(MASK_AT..MASK_AT + 2)?.try_into().ok()?);
+    if mask & !(FOURS | EIGHTS | p::PY_TSTATE) != 0 {
+        return None;
+    }
+    let len = EVENT_FIXED + 4 * (mask & FOURS).count_ones() as usize + 8 * (mask & EIGHTS).count_ones() as usize;
+    if b.len() != len {
+        return None;
+    }
+    // In bounds from here on: the length matches the fields the mask names.
+    let mut at = MASK_AT + 2;
+    let mut next = |n: usize| {
+        let mut v = [0u8; 8];
+        v[..n].copy_from_slice(&b[at..at + n]);
+        at += n;
+        u64::from_le_bytes(v)
+    };
+    let (api, tid, time_ns, addr) = (next(4) as u32, next(4) as u32, next(8), next(8));
+    let mut opt = |bit: u16, n: usize| if mask & bit != 0 { next(n) } else { 0 };
+    let result = opt(p::RESULT, 4) as u32;
+    let device = opt(p::DEVICE, 4) as u32 as i32;
+    let size = opt(p::SIZE, 8);
+    let stream = opt(p::STREAM, 8);
+    let extra = opt(p::EXTRA, 8);
+    let total_allocated = opt(p::TOTAL_ALLOCATED, 8);
+    let total_reserved = opt(p::TOTAL_RESERVED, 8);
+    let flags = opt(p::FLAGS, 4) as u32;
+    let key = opt(p::STACK_KEY, 8);
+    let py_key = opt(p::PY_KEY, 8);
+    Some(RawEvent {
+        seq: u64::from_le_bytes(b[1..9].try_into().ok()?),
+        api,
+        time_ns,
+        tid,
+        result,
+        device,
+        addr,
+        size,
+        stream,
+        extra,
+        total_allocated,
+        total_reserved,
+        flags,
+        frames: Stack { key, frames: Vec::new() },
+        py: None,
+        py_key,
+        py_tstate: mask & p::PY_TSTATE != 0,
+        thread_name: None,
+    })
+}
+
 struct Cursor<'a> {
     b: &'a [u8],
     pos: usize,
@@ -531,6 +590,9 @@ pub fn decode(b: &[u8]) -> Result<Entry, String> {
             (0..n).map(|_| decode_code(&mut c)).collect::<Result<Vec<_>, _>>().map(Entry::Codes)
         }
         EVENT => {
+            if let Some(e) = decode_warm(b) {
+                return Ok(Entry::Msg(Msg::Event(e)));
+            }
             use present as p;
             let seq = c.u64()?;
             let mask = u16::from_le_bytes(c.take(2)?.try_into().expect("2 bytes"));

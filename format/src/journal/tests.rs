@@ -35,6 +35,16 @@ fn a_warm_event_is_written_as_the_plan_writes_it() {
         let mut warm = [0xEEu8; WARM_MAX];
         let n = write_warm_event(&e, &mut warm).expect("warm");
         assert_eq!(&warm[..n], &planned[..], "bits {bits:#b}");
+        // The writer's quick read gives the event back; an entry cut short or run long is left
+        // to the general decoder, which names the fault.
+        assert_eq!(decode_warm(&warm[..n]).as_ref(), Some(&e), "bits {bits:#b}");
+        assert!(matches!(decode(&warm[..n]), Ok(Entry::Msg(Msg::Event(d))) if d == e));
+        assert_eq!(decode_warm(&warm[..n - 1]), None);
+        assert!(decode(&warm[..n - 1]).is_err());
+        let mut long = warm[..n].to_vec();
+        long.push(0);
+        assert_eq!(decode_warm(&long), None);
+        assert!(decode(&long).is_err());
     }
     let mut buf = [0u8; WARM_MAX];
     let named = RawEvent { thread_name: Some("t".into()), ..event(0) };
