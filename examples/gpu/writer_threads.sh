@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Eight threads against the writer, two builds alternated round by round: the emulated allocation
+# loop (tests/emucuda/bench_alloc.c, EMUCUDA_UNLOCKED=1: the emulator keeps no books and takes
+# no lock, so the tracer is what limits) with THREADS threads x PAIRS allocation + free pairs,
+# no stacks, untraced and under each build's shim. Each traced run's trace is counted: every
+# event must be in it.
+#   BIN=dir-with: gpumemtrace libgpumemtrace.so libgpumemtrace-base.so
+#   usage: BIN=.gpubin ROUNDS=7 examples/gpu/writer_threads.sh
+set -u
+BIN=$(cd "${BIN:?}" && pwd)
+ROUNDS=${ROUNDS:-7}
+THREADS=${THREADS:-8}
+PAIRS=${PAIRS:-50000}
+SCRATCH=${SCRATCH:-/tmp/wt}
+mkdir -p "$SCRATCH/emu"
+echo "host: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p' | head -1)"
+make -s -C tests/emucuda OUT="$SCRATCH/emu" "$SCRATCH/emu/bench_alloc" || exit 1
+# The emulator must come first: the host's LD_LIBRARY_PATH names the real driver.
+export LD_LIBRARY_PATH=$SCRATCH/emu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+for r in $(seq "$ROUNDS"); do
+  for v in none base new; do
+    case $v in
+      none) pre= ;;
+      base) pre=$BIN/libgpumemtrace-base.so ;;
+      new) pre=$BIN/libgpumemtrace.so ;;
+    esac
+    rm -rf "$SCRATCH/tr" && mkdir -p "$SCRATCH/tr"
+    line=$(EMUCUDA_UNLOCKED=1 LD_PRELOAD=$pre GPUMEMTRACE_FRAMES=0 GPUMEMTRACE_OUTPUT=$SCRATCH/tr/ GPUMEMTRACE_QUIET=1 \
+      "$SCRATCH/emu/bench_alloc" "$THREADS" "$PAIRS" 0)
+    events=-
+    t=$(ls "$SCRATCH"/tr/*.trace 2>/dev/null | head -1)
+    [ -n "$t" ] && events=$("$BIN/gpumemtrace" summary "$t" | sed -n 's/.*, \([0-9]*\) events.*/\1/p' | head -1)
+    echo "threads round=$r build=$v events_in_trace=$events $line"
+  done
+done
