@@ -226,13 +226,13 @@ impl Writer {
     /// a signal handler's phase, may interleave).
     fn enqueue(&mut self, ring: usize, pos: u64, seq: u64) {
         let q = &mut self.queues[ring];
-        let at = if q.back().is_none_or(|b| b.seq < seq) {
-            q.len()
+        if q.back().is_none_or(|b| b.seq < seq) {
+            q.push_back(Queued { seq, pos }); // not `insert` at the end: it moves nothing, but costs
         } else {
             self.unordered |= 1 << ring;
-            q.partition_point(|m| m.seq < seq)
-        };
-        q.insert(at, Queued { seq, pos });
+            let at = q.partition_point(|m| m.seq < seq);
+            q.insert(at, Queued { seq, pos });
+        }
         self.queued += 1;
         self.nonempty |= 1 << ring;
     }
