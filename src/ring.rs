@@ -367,12 +367,22 @@ impl Journal {
     /// On the writer: the payload of the entry at `pos` of ring `i` (one that `take` gave) into
     /// `buf`, read again. Its space is not committed yet (see `Writer::committable`), so no
     /// producer has reused it.
-    pub fn reread(&self, i: usize, pos: u64, buf: &mut Vec<u8>) {
-        let mut frame = [0u8; j::FRAME as usize];
-        self.ring_read(i, pos, &mut frame);
-        let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize;
-        buf.resize(len.min(j::MAX_PAYLOAD), 0);
+    pub fn reread<R>(&self, i: usize, pos: u64, buf: &mut Vec<u8>, f: impl FnOnce(&[u8]) -> R) -> R {
+        // Entries start 8-aligned and the ring's size is a multiple of 8: the frame never wraps.
+        let frame = self.u64(Self::data(i) + pos % j::RING_BYTES).load(Relaxed).to_le_bytes();
+        let len = (u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize).min(j::MAX_PAYLOAD);
+        let at = (pos + j::FRAME) % j::RING_BYTES;
+        if at + len as u64 <= j::RING_BYTES {
+            // In one piece: read where it lies, not copied out first.
+            let off = (Self::data(i) + at) as usize;
+            assert!(off + len <= self.len);
+            // SAFETY: inside ring `i`'s data, published by its producer and not committed, so
+            // no producer writes these bytes while the slice lives.
+            return f(unsafe { std::slice::from_raw_parts(self.base.add(off), len) });
+        }
+        buf.resize(len, 0);
         self.ring_read(i, pos + j::FRAME, buf);
+        f(buf)
     }
 
     /// On the writer, before a write to the trace: where each ring will stand, and how many

@@ -289,10 +289,7 @@ impl Writer {
             self.next_seq = self.next_seq.max(seq + 1);
             self.gap_since = None;
             let Some(jn) = self.journal else { continue };
-            let mut buf = std::mem::take(&mut self.entry);
-            jn.reread(ring, m.pos, &mut buf);
-            let decoded = jfmt::decode(&buf);
-            self.entry = buf;
+            let decoded = jn.reread(ring, m.pos, &mut self.entry, jfmt::decode);
             match decoded {
                 Ok(jfmt::Entry::Msg(msg)) => self.write_msg(msg)?,
                 _ => self.dropped += 1, // not expected: the hooks wrote it whole
