@@ -356,12 +356,33 @@ impl Journal {
     /// each with its position; returns the position after the last one read.
     pub fn take(&self, i: usize, from: u64, mut each: impl FnMut(u64, &[u8])) -> u64 {
         let head = self.u64(Self::control(i, ring::HEAD)).load(Acquire);
-        let mut end = from;
-        j::for_each_entry(&|pos, buf: &mut [u8]| self.ring_read(i, pos, buf), from, head, |pos, payload| {
-            each(pos, payload);
-            end = pos + j::entry_bytes(payload.len());
-        });
-        end
+        // As `journal::for_each_entry` reads a ring (and stops at the same malformed frames),
+        // but a payload in one piece is handed on where it lies, not copied out first.
+        let mut pos = from;
+        let mut copy = Vec::new();
+        while pos + j::FRAME <= head {
+            // Entries start 8-aligned and the ring's size is a multiple of 8: a frame never wraps.
+            let frame = self.u64(Self::data(i) + pos % j::RING_BYTES).load(Relaxed).to_le_bytes();
+            let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes"));
+            let check = u32::from_le_bytes(frame[4..].try_into().expect("4 bytes"));
+            if check != !len || j::entry_bytes(len as usize) > head - pos || len as usize > j::MAX_ENTRY {
+                break;
+            }
+            let at = (pos + j::FRAME) % j::RING_BYTES;
+            if at + len as u64 <= j::RING_BYTES {
+                let off = (Self::data(i) + at) as usize;
+                assert!(off + len as usize <= self.len);
+                // SAFETY: inside ring `i`'s data, published by its producer (the Acquire load of
+                // the head above) and not committed, so no producer writes it meanwhile.
+                each(pos, unsafe { std::slice::from_raw_parts(self.base.add(off), len as usize) });
+            } else {
+                copy.resize(len as usize, 0);
+                self.ring_read(i, pos + j::FRAME, &mut copy);
+                each(pos, &copy);
+            }
+            pos += j::entry_bytes(len as usize);
+        }
+        pos
     }
 
     /// On the writer: the payload of the entry at `pos` of ring `i` (one that `take` gave) into
