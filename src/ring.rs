@@ -356,54 +356,46 @@ impl Journal {
     /// each with its position; returns the position after the last one read.
     pub fn take(&self, i: usize, from: u64, mut each: impl FnMut(u64, &[u8])) -> u64 {
         let head = self.u64(Self::control(i, ring::HEAD)).load(Acquire);
-        // As `journal::for_each_entry` reads a ring (and stops at the same malformed frames),
-        // but a payload in one piece is handed on where it lies, not copied out first.
+        // As `journal::for_each_entry` reads a ring, but each payload goes through `payload`.
         let mut pos = from;
         let mut copy = Vec::new();
         while pos + j::FRAME <= head {
-            // Entries start 8-aligned and the ring's size is a multiple of 8: a frame never wraps.
-            let frame = self.u64(Self::data(i) + pos % j::RING_BYTES).load(Relaxed).to_le_bytes();
-            let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes"));
-            let check = u32::from_le_bytes(frame[4..].try_into().expect("4 bytes"));
-            if check != !len || j::entry_bytes(len as usize) > head - pos || len as usize > j::MAX_ENTRY {
-                break;
-            }
-            let at = (pos + j::FRAME) % j::RING_BYTES;
-            if at + len as u64 <= j::RING_BYTES {
-                let off = (Self::data(i) + at) as usize;
-                assert!(off + len as usize <= self.len);
-                // SAFETY: inside ring `i`'s data, published by its producer (the Acquire load of
-                // the head above) and not committed, so no producer writes it meanwhile.
-                each(pos, unsafe { std::slice::from_raw_parts(self.base.add(off), len as usize) });
-            } else {
-                copy.resize(len as usize, 0);
-                self.ring_read(i, pos + j::FRAME, &mut copy);
-                each(pos, &copy);
-            }
-            pos += j::entry_bytes(len as usize);
+            let Some(len) = j::frame_len(self.frame(i, pos), head - pos) else { break };
+            self.payload(i, pos, len, &mut copy, |p| each(pos, p));
+            pos += j::entry_bytes(len);
         }
         pos
     }
 
-    /// On the writer: the payload of the entry at `pos` of ring `i` (one that `take` gave) into
-    /// `buf`, read again. Its space is not committed yet (see `Writer::committable`), so no
-    /// producer has reused it.
+    /// On the writer: the payload of the entry at `pos` of ring `i` (one that `take` gave),
+    /// read again. Its space is not committed yet (see `Writer::committable`), so no producer
+    /// has reused it.
     pub fn reread<R>(&self, i: usize, pos: u64, buf: &mut Vec<u8>, f: impl FnOnce(&[u8]) -> R) -> R {
-        // Entries start 8-aligned and the ring's size is a multiple of 8: the frame never wraps.
-        let frame = self.u64(Self::data(i) + pos % j::RING_BYTES).load(Relaxed).to_le_bytes();
-        let len = (u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize).min(j::MAX_PAYLOAD);
+        let len = u32::from_le_bytes(self.frame(i, pos)[..4].try_into().expect("4 bytes")) as usize;
+        self.payload(i, pos, len.min(j::MAX_PAYLOAD), buf, f)
+    }
+
+    /// The frame of the entry at ring position `pos` (entries start 8-aligned and the ring's
+    /// size is a multiple of 8: a frame never wraps).
+    fn frame(&self, i: usize, pos: u64) -> [u8; j::FRAME as usize] {
+        self.u64(Self::data(i) + pos % j::RING_BYTES).load(Relaxed).to_le_bytes()
+    }
+
+    /// Hands `f` the `len`-byte payload of the entry at `pos`: where it lies in the ring when
+    /// it is in one piece (not copied out first), else put together in `copy`.
+    fn payload<R>(&self, i: usize, pos: u64, len: usize, copy: &mut Vec<u8>, f: impl FnOnce(&[u8]) -> R) -> R {
         let at = (pos + j::FRAME) % j::RING_BYTES;
         if at + len as u64 <= j::RING_BYTES {
-            // In one piece: read where it lies, not copied out first.
             let off = (Self::data(i) + at) as usize;
             assert!(off + len <= self.len);
-            // SAFETY: inside ring `i`'s data, published by its producer and not committed, so
-            // no producer writes these bytes while the slice lives.
+            // SAFETY: inside ring `i`'s data, published by its producer (the writer read the
+            // head with Acquire first) and not committed, so no producer writes these bytes
+            // while the slice lives.
             return f(unsafe { std::slice::from_raw_parts(self.base.add(off), len) });
         }
-        buf.resize(len, 0);
-        self.ring_read(i, pos + j::FRAME, buf);
-        f(buf)
+        copy.resize(len, 0);
+        self.ring_read(i, pos + j::FRAME, copy);
+        f(copy)
     }
 
     /// On the writer, before a write to the trace: where each ring will stand, and how many

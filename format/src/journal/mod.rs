@@ -678,16 +678,21 @@ pub fn for_each_entry(data: &dyn Fn(u64, &mut [u8]), from: u64, to: u64, mut eac
     let mut payload = Vec::new();
     while pos + FRAME <= to {
         data(pos, &mut frame);
-        let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes"));
-        let check = u32::from_le_bytes(frame[4..].try_into().expect("4 bytes"));
-        if check != !len || entry_bytes(len as usize) > to - pos || len as usize > MAX_ENTRY {
-            return;
-        }
-        payload.resize(len as usize, 0);
+        let Some(len) = frame_len(frame, to - pos) else { return };
+        payload.resize(len, 0);
         data(pos + FRAME, &mut payload);
         each(pos, &payload);
-        pos += entry_bytes(len as usize);
+        pos += entry_bytes(len);
     }
+}
+
+/// The payload length an entry's frame (`len u32`, `!len u32`) announces, if the frame is sound
+/// and the whole entry fits in the `room` bytes published after its position.
+#[inline]
+pub fn frame_len(frame: [u8; FRAME as usize], room: u64) -> Option<usize> {
+    let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes"));
+    let check = u32::from_le_bytes(frame[4..].try_into().expect("4 bytes"));
+    (check == !len && entry_bytes(len as usize) <= room && len as usize <= MAX_ENTRY).then_some(len as usize)
 }
 
 #[cfg(test)]
