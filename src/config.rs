@@ -36,6 +36,10 @@ pub struct Config {
     pub backtrace_unwinder: bool,
     /// `GPUMEMTRACE_COMPRESS=0`: records written as they are, not as a zstd stream (docs/format.md).
     pub compress: bool,
+    /// `GPUMEMTRACE_WRITE_THREAD=1`/`0`: batches are compressed and written on a thread of
+    /// their own, or on the writer's; unset: on their own once the event rate is high, on a
+    /// host of at least four cores (src/sink.rs).
+    pub write_thread: Option<bool>,
     /// `GPUMEMTRACE_JOURNAL=0`: the rings between hooks and writer live in anonymous memory,
     /// not in a file beside the trace; a process that dies by SIGKILL then loses what its
     /// writer had not written yet.
@@ -106,6 +110,13 @@ impl Config {
         let output = get("GPUMEMTRACE_OUTPUT").filter(|s| !s.is_empty());
         let backtrace_unwinder = get("GPUMEMTRACE_UNWINDER").is_some_and(|v| v == "backtrace");
         let compress = flag("GPUMEMTRACE_COMPRESS", true, "traces stay compressed");
+        let write_thread = get("GPUMEMTRACE_WRITE_THREAD").filter(|v| !v.trim().is_empty()).and_then(|v| {
+            let on = parse_flag(&v);
+            if on.is_none() {
+                warn(&format!("GPUMEMTRACE_WRITE_THREAD={v:?} should be 1/true/yes/on or 0/false/no/off; the host decides"));
+            }
+            on
+        });
         let journal = flag("GPUMEMTRACE_JOURNAL", true, "the journal stays on");
         let quiet = flag("GPUMEMTRACE_QUIET", false, "the trace is named on stderr at exit");
         let aggregate = flag("GPUMEMTRACE_AGGREGATE", false, "every event is written");
@@ -125,6 +136,7 @@ impl Config {
             interpreter_frames,
             backtrace_unwinder,
             compress,
+            write_thread,
             journal,
             quiet,
             aggregate,

@@ -56,6 +56,7 @@ mod resolve;
 mod ring;
 mod routing;
 mod selftime;
+mod sink;
 mod stackkey;
 mod table;
 mod thread;

@@ -220,10 +220,9 @@ impl Journal {
         }
     }
 
-    /// Bytes written to ring `i` and not yet committed.
-    pub fn fill(&self, i: usize) -> u64 {
-        let head = self.u64(Self::control(i, ring::HEAD)).load(Acquire);
-        head - self.u64(Self::control(i, ring::COMMITTED)).load(Acquire).min(head)
+    /// Where ring `i`'s producer has written up to.
+    pub fn head(&self, i: usize) -> u64 {
+        self.u64(Self::control(i, ring::HEAD)).load(Acquire)
     }
 
     /// Appends one entry to ring `i` (the caller's own, or `SHARED`). While the ring has no

@@ -99,3 +99,18 @@ pub fn forget_thread_id() {
         m.named.set(false);
     });
 }
+
+/// Starts a thread of the tracer's own with every signal blocked, so the host's signals go to
+/// the host's threads.
+pub fn spawn_without_signals(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+    // SAFETY: sigset manipulation on local values; the old mask is restored right after.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let r = std::thread::Builder::new().name(name.into()).spawn(f);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        r.map(|_| ())
+    }
+}

@@ -357,7 +357,7 @@ fn wait_for_room(t: &Tracer, tries: u32, since: Instant) -> bool {
         RUNNING => {}
         DIRECT => {
             if let Ok(mut w) = t.writer.try_lock() {
-                let _ = w.drain().and_then(|_| w.flush());
+                let _ = w.drain().and_then(|_| w.flush_now());
             }
         }
         _ => return false,
@@ -382,7 +382,7 @@ fn wait_for_room(t: &Tracer, tries: u32, since: Instant) -> bool {
 
 fn write_direct(t: &Tracer) {
     let mut w = lock(&t.writer);
-    if let Err(e) = w.drain().and_then(|_| w.release(true)).and_then(|_| w.flush()) {
+    if let Err(e) = w.drain().and_then(|_| w.release(true)).and_then(|_| w.flush_now()) {
         let msg = format!("cannot write {}: {e}", w.path.display());
         drop(w);
         disable(&msg);
@@ -460,16 +460,7 @@ fn open(config: &Config) -> Result<Tracer, String> {
 
 /// The writer thread, with every signal blocked so the host's signals go to its own threads.
 fn spawn_writer() -> std::io::Result<()> {
-    // SAFETY: sigset manipulation on local values; the old mask is restored right after.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let r = std::thread::Builder::new().name("gpumemtrace".into()).spawn(writer_loop);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, null_mut());
-        r.map(|_| ())
-    }
+    crate::thread::spawn_without_signals("gpumemtrace", writer_loop)
 }
 
 fn writer_loop() {
@@ -494,7 +485,7 @@ fn writer_loop() {
         let mut w = lock(&t.writer);
         let r = w.drain().and_then(|n| {
             // A ring filling up gets its space back now; else the usual cadence.
-            let r = if w.rings_filling() { w.flush() } else { w.flush_if_due() };
+            let r = if w.rings_filling() { w.flush_busy() } else { w.flush_if_due() };
             if n > 0 {
                 idle_sleep = WRITER_POLL;
                 // The output moves again. Stored only when set: the flag shares its cache line
@@ -553,7 +544,7 @@ fn serve_flush_request(w: &mut Writer) -> std::io::Result<()> {
     w.release(true)?;
     w.notice(&format!("the process received fatal signal {}", FATAL_SIGNAL.load(SeqCst)));
     w.stats(false);
-    let r = w.flush();
+    let r = w.flush_now();
     FLUSH_DONE.store(want, SeqCst);
     r
 }
@@ -610,7 +601,7 @@ fn write_out(t: &Tracer, final_: bool) {
         w.notice(&format!("tracing stopped early: {why}"));
     }
     w.stats(final_);
-    match w.flush() {
+    match w.flush_now() {
         // Everything is in the trace: the journal has nothing more to tell.
         Ok(()) if final_ => {
             w.remove_journal();

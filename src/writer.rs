@@ -19,6 +19,7 @@ use crate::modules::{loaded_objects, Object};
 use crate::table::{ALL, HOOKS};
 use crate::record::{CodeInfo, Msg, PyCapture, RawEvent, RawPhase, RawPyFrame, Stack};
 use crate::ring::{Journal, RINGS};
+use crate::sink::{Batch, Sink, BATCH_BYTES};
 use gpumemtrace_format::journal::{self as jfmt, dict};
 
 /// The identity hash, for keys that are hashes already.
@@ -41,12 +42,10 @@ impl Hasher for KeyHasher {
 /// How long records may wait in memory before they are written (the journal keeps them safe
 /// meanwhile; this keeps the trace itself fresh for readers that follow it).
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(10);
-const FLUSH_BYTES: usize = 256 * 1024;
 
 pub struct Writer {
-    file: File,
-    /// The trace's device and inode: the descriptor is checked against them before each write.
-    identity: (u64, u64),
+    /// Where batches are compressed, written and committed (see `sink`).
+    sink: Sink,
     pub path: PathBuf,
     enc: Encoder,
     buf: Vec<u8>,
@@ -69,14 +68,7 @@ pub struct Writer {
     /// The loader's count of loaded objects at the last scan (`modules::load_count`).
     loads: u64,
     pub events: u64,
-    /// Events in what was written so far (the rest is in the buffer, or was lost with a write).
-    written: u64,
-    /// The output took nothing for `output::PATIENCE` (an unread FIFO): no write waits again.
-    gave_up: bool,
     pub dropped: u64,
-    /// The body's compressor (`Config::compress`), and its output before it is written.
-    zstd: Option<fmt::Compressor>,
-    out: Vec<u8>,
     last_flush: Instant,
     /// Messages read and not written yet, one queue a ring, each in sequence-number order (see
     /// `clock::next_seq`; a ring's own entries arrive in that order, so a queue grows at its
@@ -92,6 +84,8 @@ pub struct Writer {
     /// The journal the hooks write to, and how far the writer has read each ring.
     journal: Option<&'static Journal>,
     read_pos: [u64; RINGS],
+    /// Where the rings will stand once the batches handed to the sink are written.
+    handed: [u64; RINGS],
     /// The sequence number to write next.
     next_seq: u64,
     /// Since when the next number has been missing (a thread between numbering and hand-over).
@@ -127,15 +121,13 @@ impl Writer {
         let zstd = if config.compress { fmt::Compressor::new().ok() } else { None };
         let flags = if zstd.is_some() { fmt::flags::ZSTD } else { 0 };
         crate::output::write_all(&file, &fmt::header_with(flags))?;
-        let identity = identity(&file).ok_or_else(io::Error::last_os_error)?;
+        let identity = crate::sink::identity(&file).ok_or_else(io::Error::last_os_error)?;
+        let sink = Sink::new(file, identity, path.clone(), zstd, journal, config.write_thread);
         let mut w = Writer {
-            file,
-            identity,
+            sink,
             path,
             enc: Encoder::new(),
             buf: Vec::new(),
-            zstd,
-            out: Vec::new(),
             start_ns,
             stacks: HashMap::default(),
             py_codes: HashMap::new(),
@@ -147,8 +139,6 @@ impl Writer {
             unmapped: HashSet::new(),
             loads: 0,
             events: 0,
-            written: 0,
-            gave_up: false,
             dropped: 0,
             last_flush: Instant::now(),
             queues: (0..RINGS).map(|_| VecDeque::new()).collect(),
@@ -160,6 +150,7 @@ impl Writer {
             gap_since: None,
             journal,
             read_pos: [0; RINGS],
+            handed: [0; RINGS],
             agg: None,
             backward: Backward::default(),
         };
@@ -179,7 +170,7 @@ impl Writer {
         for p in early_phases {
             w.phase(p);
         }
-        w.flush()?;
+        w.flush_now()?;
         Ok(w)
     }
 
@@ -237,9 +228,10 @@ impl Writer {
         self.nonempty |= 1 << ring;
     }
 
-    /// Whether a ring is filling up: then the writer writes out now, so its space returns.
+    /// Whether a ring is filling up: then the writer writes out now, so its space returns. What
+    /// was handed to the sink counts as on its way back (it returns when its batch is written).
     pub fn rings_filling(&self) -> bool {
-        self.journal.is_some_and(|jn| (0..RINGS).any(|i| jn.fill(i) > jfmt::RING_BYTES / 4))
+        self.journal.is_some_and(|jn| (0..RINGS).any(|i| jn.head(i).saturating_sub(self.handed[i]) > jfmt::RING_BYTES / 4))
     }
 
     /// Where each ring stands once the buffer is written: what was read, except messages still
@@ -376,8 +368,8 @@ impl Writer {
             self.put(&Record::AggFailure(fmt::AggFailure { device: ev.device, live_bytes }));
         }
         self.events += 1;
-        if self.buf.len() >= FLUSH_BYTES {
-            self.flush()?;
+        if self.buf.len() >= BATCH_BYTES {
+            self.flush_busy()?;
         }
         Ok(())
     }
@@ -500,7 +492,7 @@ impl Writer {
         let known = self.modules.len();
         self.rescan_modules();
         if self.modules.len() > known {
-            self.flush()?;
+            self.flush_now()?;
         }
         Ok(())
     }
@@ -575,45 +567,37 @@ impl Writer {
         self.put(&Record::Stats(s));
     }
 
-    /// Writes the buffer, then tells the journal that what it held is in the trace (see
-    /// `journal` in the format crate: propose, write, commit).
+    /// Hands the buffer to the sink, which compresses and writes it, then tells the journal
+    /// that what it held is in the trace (see `journal` in the format crate: propose, write,
+    /// commit). Written by the time this returns, unless the sink writes beside the writer
+    /// (then see `flush_now`).
     pub fn flush(&mut self) -> io::Result<()> {
+        self.flush_with(false, false)
+    }
+
+    /// Flushes before the flush interval is up: the hooks fill the rings faster (a full batch, a
+    /// ring filling up).
+    pub fn flush_busy(&mut self) -> io::Result<()> {
+        self.flush_with(false, true)
+    }
+
+    /// Flushes, and waits until everything handed to the sink is in the trace (exit, a fatal
+    /// signal, synchronous writes).
+    pub fn flush_now(&mut self) -> io::Result<()> {
+        self.flush_with(true, false)
+    }
+
+    fn flush_with(&mut self, wait: bool, busy: bool) -> io::Result<()> {
         self.last_flush = Instant::now();
         let at = self.committable();
-        if self.buf.is_empty() {
-            if let Some(jn) = self.journal {
-                jn.commit(&at);
-            }
-            return Ok(());
-        }
-        if let Some(jn) = self.journal {
-            jn.propose(self.events, &at);
-        }
-        if self.gave_up {
-            self.buf.clear();
-            return Err(self.lost(io::Error::new(io::ErrorKind::TimedOut, "the output stopped taking data")));
-        }
-        self.own_descriptor()?;
-        let r = match &mut self.zstd {
-            Some(z) => {
-                self.out.clear();
-                z.compress(&self.buf, &mut self.out).and_then(|_| crate::output::write_all(&self.file, &self.out))
-            }
-            None => crate::output::write_all(&self.file, &self.buf),
-        };
-        self.buf.clear();
-        match r {
-            Ok(()) => {
-                self.written = self.events;
-                if let Some(jn) = self.journal {
-                    jn.commit(&at);
-                }
+        self.handed = at;
+        let bytes = std::mem::take(&mut self.buf);
+        match self.sink.write(Batch { bytes, at, events: self.events }, wait, busy) {
+            Ok(buf) => {
+                self.buf = buf;
                 Ok(())
             }
-            Err(e) => {
-                self.gave_up |= e.kind() == io::ErrorKind::TimedOut;
-                Err(self.lost(e))
-            }
+            Err(e) => Err(self.lost(e)),
         }
     }
 
@@ -623,7 +607,11 @@ impl Writer {
         let what = if self.journal_file() { "; the journal beside it keeps them" } else { "" };
         io::Error::new(
             e.kind(),
-            format!("{e}; {} of the {} events recorded so far were not (or not wholly) written{what}", self.events - self.written, self.events),
+            format!(
+                "{e}; {} of the {} events recorded so far were not (or not wholly) written{what}",
+                self.events.saturating_sub(self.sink.written()),
+                self.events
+            ),
         )
     }
 
@@ -658,37 +646,6 @@ impl Writer {
         } else {
             Ok(())
         }
-    }
-}
-
-fn identity(f: &File) -> Option<(u64, u64)> {
-    crate::output::identity(std::os::fd::AsRawFd::as_raw_fd(f))
-}
-
-impl Writer {
-    /// Makes sure the descriptor still is the trace's: a host may close every descriptor it did
-    /// not open (daemons, process pools) and get the same number back for a file of its own.
-    /// Then the number is the host's, never written or closed by us, and the trace is opened
-    /// again by its path (appending, no symlink followed, the same inode or nothing).
-    fn own_descriptor(&mut self) -> io::Result<()> {
-        if identity(&self.file) == Some(self.identity) {
-            return Ok(());
-        }
-        use std::os::fd::{FromRawFd, IntoRawFd};
-        let f = crate::output::reopen(&self.path)?;
-        if identity(&f) != Some(self.identity) {
-            return Err(io::Error::other("the trace file was replaced"));
-        }
-        let host = std::mem::replace(&mut self.file, f);
-        let _ = host.into_raw_fd(); // the host's now: not ours to close
-        // A descriptor far above the ones hosts reuse first.
-        // SAFETY: F_DUPFD_CLOEXEC on our own descriptor; the duplicate replaces it.
-        let high = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&self.file), libc::F_DUPFD_CLOEXEC, 512) };
-        if high >= 0 {
-            // SAFETY: `high` is a fresh descriptor we own.
-            self.file = unsafe { File::from_raw_fd(high) };
-        }
-        Ok(())
     }
 }
 

@@ -69,7 +69,11 @@ fn vfork_children_do_not_disturb_the_parents_trace() {
 
 /// Every allocation made before a fatal signal is on disk, and the process still dies of it.
 fn assert_dies_of(mode: &str, signal: i32) {
-    let run = run_traced("prog_lifecycle", &[mode], &[]);
+    assert_dies_of_with(mode, signal, &[]);
+}
+
+fn assert_dies_of_with(mode: &str, signal: i32, env: &[(&str, &str)]) {
+    let run = run_traced("prog_lifecycle", &[mode], env);
     assert_eq!(run.out.status.signal(), Some(signal), "{mode}: {:?} {}", run.out.status, run.stderr);
     let t = run.trace();
     assert_eq!(alloc_sizes(&t), vec![8 * MIB, 9 * MIB], "{mode}");
@@ -130,8 +134,12 @@ fn a_library_loaded_late_is_in_the_trace_for_stacks_recovered_after_sigkill() {
 
 #[test]
 fn exits_that_skip_exit_handlers_still_finish_the_trace() {
+    exits_that_skip_exit_handlers_with(&[]);
+}
+
+fn exits_that_skip_exit_handlers_with(env: &[(&str, &str)]) {
     for (mode, code) in [("_exit", 5), ("_Exit", 6), ("quick_exit", 7)] {
-        let run = run_traced("prog_lifecycle", &[mode], &[]);
+        let run = run_traced("prog_lifecycle", &[mode], env);
         assert_eq!(run.out.status.code(), Some(code), "{mode}: {}", run.stderr);
         let t = run.trace();
         assert_eq!(alloc_sizes(&t), vec![8 * MIB, 9 * MIB], "{mode}");
@@ -142,7 +150,11 @@ fn exits_that_skip_exit_handlers_still_finish_the_trace() {
 
 #[test]
 fn a_forked_worker_leaving_with_underscore_exit_keeps_its_allocations() {
-    let run = run_traced("prog_lifecycle", &["fork-_exit"], &[]);
+    forked_worker_with(&[]);
+}
+
+fn forked_worker_with(env: &[(&str, &str)]) {
+    let run = run_traced("prog_lifecycle", &["fork-_exit"], env);
     assert!(run.out.status.success(), "{}", run.stderr);
     let child = stdout_value(&run, "child_pid");
     let t = read_trace(&trace_named(&run, child));
@@ -232,18 +244,24 @@ fn exit_from_another_thread_finishes_the_trace() {
 
 #[test]
 fn sixteen_threads_times_100000_pairs_lose_nothing() {
-    let run = run_traced("prog_threads", &["16", "100000"], &[("GPUMEMTRACE_FRAMES", "4")]);
+    threads_lose_nothing(16, 100_000, &[]);
+}
+
+fn threads_lose_nothing(threads: usize, pairs: usize, env: &[(&str, &str)]) {
+    let (n, p) = (threads.to_string(), pairs.to_string());
+    let env: Vec<(&str, &str)> = [("GPUMEMTRACE_FRAMES", "4")].into_iter().chain(env.iter().copied()).collect();
+    let run = run_traced("prog_threads", &[&n, &p], &env);
     assert!(run.out.status.success(), "{}", run.stderr);
     let t = run.trace();
-    assert_eq!(t.events.len(), 16 * 100_000 * 2 + 16);
+    assert_eq!(t.events.len(), threads * pairs * 2 + threads);
     let allocs = t.events.iter().filter(|e| t.api_name(e) == "cudaMalloc").count();
-    assert_eq!(allocs, 16 * 100_000 + 16);
+    assert_eq!(allocs, threads * pairs + threads);
     let stats = t.stats.unwrap();
     assert_eq!((stats.events, stats.dropped, stats.final_), (t.events.len() as u64, 0, true));
     // Each thread leaked exactly one allocation.
     let json = summary_json(&run.traces[0]);
     let live: u64 = json["traces"][0]["groups"].as_array().unwrap().iter().map(|g| g["live_count"].as_u64().unwrap()).sum();
-    assert_eq!(live, 16);
+    assert_eq!(live, threads as u64);
     // Addresses are reused across threads all the time here: every free still finds its
     // allocation (calls are written in the order they happened, or resolved by time).
     assert_eq!(json["traces"][0]["unknown_frees"].as_array().unwrap().len(), 0);
@@ -350,6 +368,10 @@ fn an_unwritable_output_directory_is_reported_once_and_changes_nothing_else() {
 
 #[test]
 fn a_full_disk_is_reported_once_and_never_kills_the_program() {
+    full_disk_with(&[]);
+}
+
+fn full_disk_with(env: &[(&str, &str)]) {
     // A 64 KiB file-size limit: the (uncompressed) trace outgrows it; the kernel's SIGXFSZ must
     // not kill the host.
     let dir = scratch("disk-full");
@@ -360,6 +382,7 @@ fn a_full_disk_is_reported_once_and_never_kills_the_program() {
         .env("LD_PRELOAD", shim())
         .env("GPUMEMTRACE_COMPRESS", "0")
         .env("GPUMEMTRACE_OUTPUT", format!("{}/", dir.display()))
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -595,10 +618,65 @@ fn at_exit_the_process_names_its_trace_on_stderr_unless_quiet() {
 
 #[test]
 fn a_host_that_closes_our_descriptor_and_reuses_its_number_gets_no_trace_bytes() {
-    let run = run_traced("prog_lifecycle", &["closefrom"], &[]);
+    closed_descriptor_with(&[]);
+}
+
+fn closed_descriptor_with(env: &[(&str, &str)]) {
+    let run = run_traced("prog_lifecycle", &["closefrom"], env);
     assert!(run.out.status.success(), "{}", run.stderr);
     assert_eq!(std::fs::read(run.dir.join("host.txt")).unwrap(), b"host data\n", "the host's file is the host's");
     assert!(tracer_lines(&run.stderr).is_empty(), "{}", run.stderr);
     assert_eq!(alloc_sizes(&run.trace()), vec![MIB, 2 * MIB, 3 * MIB]);
     assert!(run.trace().stats.is_some_and(|s| s.final_));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compression and writes beside the writer (src/sink.rs): a thread of their own, which a busy
+// process gets by itself on a host of four cores or more; forced on here. Every promise above
+// still holds.
+
+const BESIDE: (&str, &str) = ("GPUMEMTRACE_WRITE_THREAD", "1");
+
+/// The tracer's threads in a `prog_threads` run (printed with `PRINT_THREADS`).
+fn tracer_threads(run: &Run) -> String {
+    run.stdout.lines().find_map(|l| l.strip_prefix("other_threads=")).unwrap_or_else(|| panic!("{}", run.stdout)).to_owned()
+}
+
+#[test]
+fn writes_get_a_thread_of_their_own_when_asked_or_when_busy_on_a_host_with_cores_to_spare() {
+    let with = |args: &[&str], env: &[(&str, &str)]| {
+        let env: Vec<(&str, &str)> = [("PRINT_THREADS", "1")].into_iter().chain(env.iter().copied()).collect();
+        let run = run_traced("prog_threads", args, &env);
+        assert!(run.out.status.success(), "{}", run.stderr);
+        tracer_threads(&run)
+    };
+    assert_eq!(with(&["2", "1000"], &[BESIDE]), "gpumemtrace,gpumemtrace-out");
+    assert_eq!(with(&["8", "50000"], &[("GPUMEMTRACE_WRITE_THREAD", "0")]), "gpumemtrace");
+    // A process that allocates now and then never has a busy writer.
+    assert_eq!(with(&["1", "10"], &[]), "gpumemtrace");
+    // A busy one has, where there are cores to spare.
+    let spare = std::thread::available_parallelism().unwrap().get() >= 4;
+    let busy = with(&["8", "50000"], &[]);
+    assert_eq!(busy, if spare { "gpumemtrace,gpumemtrace-out" } else { "gpumemtrace" });
+    // Uncompressed, writing is cheap: it stays on the writer.
+    assert_eq!(with(&["8", "50000"], &[("GPUMEMTRACE_COMPRESS", "0")]), "gpumemtrace");
+}
+
+#[test]
+fn with_writes_beside_the_writer_many_threads_lose_nothing() {
+    threads_lose_nothing(8, 50_000, &[BESIDE]);
+}
+
+#[test]
+fn with_writes_beside_the_writer_every_way_out_keeps_the_trace() {
+    exits_that_skip_exit_handlers_with(&[BESIDE]);
+    forked_worker_with(&[BESIDE]);
+    assert_dies_of_with("segv", libc::SIGSEGV, &[BESIDE]);
+    assert_dies_of_with("kill-now", libc::SIGKILL, &[BESIDE]);
+}
+
+#[test]
+fn with_writes_beside_the_writer_hostile_outputs_are_handled_as_before() {
+    closed_descriptor_with(&[BESIDE]);
+    full_disk_with(&[BESIDE]);
 }

@@ -3,14 +3,21 @@
  * 1000) cudaMalloc/cudaFree pairs; every thread leaks exactly one allocation
  * at the end.  Only the leaked allocations are logged, plus a summary line:
  *   total_pairs=<N*M> threads=<N> leaks=<N>
+ * and, with PRINT_THREADS set, then the names of the process's other threads (the tracer's),
+ * sorted:
+ *   other_threads=<name>,<name>...
  * With PROGRESS_FILE set, each thread t stores in that file's t-th u64 how many calls it has
  * completed (the file is a shared mapping: what was stored survives a SIGKILL), and the
  * program prints "running" once every thread has made a first call.
  */
+#include <dirent.h>
 #include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "cuda_runtime.h"
@@ -59,6 +66,41 @@ static void *worker(void *arg)
     return NULL;
 }
 
+static int by_name(const void *a, const void *b)
+{
+    return strcmp((const char *)a, (const char *)b);
+}
+
+/* The names of the threads other than the calling one (from /proc/self/task), sorted. */
+static void print_other_threads(void)
+{
+    char names[64][32], path[300];
+    int n = 0, me = (int)syscall(SYS_gettid);
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    while (d && (e = readdir(d)) && n < 64) {
+        if (e->d_name[0] == '.' || atoi(e->d_name) == me)
+            continue;
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        int fd = open(path, O_RDONLY);
+        ssize_t r = fd >= 0 ? read(fd, names[n], sizeof names[n] - 1) : -1;
+        if (fd >= 0)
+            close(fd);
+        if (r <= 0)
+            continue;
+        names[n][r] = 0;
+        names[n][strcspn(names[n], "\n")] = 0;
+        n++;
+    }
+    if (d)
+        closedir(d);
+    qsort(names, n, sizeof names[0], by_name);
+    printf("other_threads=");
+    for (int i = 0; i < n; i++)
+        printf("%s%s", i ? "," : "", names[i]);
+    printf("\n");
+}
+
 int main(int argc, char **argv)
 {
     int n = argc > 1 ? atoi(argv[1]) : 4, i;
@@ -94,5 +136,7 @@ int main(int argc, char **argv)
         pthread_join(th[i], NULL);
     free(th);
     printf("total_pairs=%lld threads=%d leaks=%d\n", (long long)n * iters, n, n);
+    if (getenv("PRINT_THREADS"))
+        print_other_threads();
     return 0;
 }
