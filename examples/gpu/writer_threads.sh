@@ -5,7 +5,9 @@
 # no stacks, untraced and under each build's shim. Each traced run's trace is counted: every
 # event must be in it.
 #   BIN=dir-with: gpumemtrace libgpumemtrace.so libgpumemtrace-base.so
-#   usage: BIN=.gpubin ROUNDS=7 examples/gpu/writer_threads.sh
+# VARIANTS adds new-inline (the new build with GPUMEMTRACE_WRITE_THREAD=0: compression and writes
+# on the writer thread) to tell the batch thread's share from the rest.
+#   usage: BIN=.gpubin ROUNDS=7 [VARIANTS="none base new new-inline"] examples/gpu/writer_threads.sh
 set -u
 BIN=$(cd "${BIN:?}" && pwd)
 ROUNDS=${ROUNDS:-7}
@@ -18,14 +20,17 @@ make -s -C tests/emucuda OUT="$SCRATCH/emu" "$SCRATCH/emu/bench_alloc" || exit 1
 # The emulator must come first: the host's LD_LIBRARY_PATH names the real driver.
 export LD_LIBRARY_PATH=$SCRATCH/emu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 for r in $(seq "$ROUNDS"); do
-  for v in none base new; do
+  for v in ${VARIANTS:-none base new}; do
+    wt=
     case $v in
       none) pre= ;;
       base) pre=$BIN/libgpumemtrace-base.so ;;
       new) pre=$BIN/libgpumemtrace.so ;;
+      new-inline) pre=$BIN/libgpumemtrace.so wt=0 ;;
+      *) echo "unknown variant $v" >&2; exit 2 ;;
     esac
     rm -rf "$SCRATCH/tr" && mkdir -p "$SCRATCH/tr"
-    line=$(EMUCUDA_UNLOCKED=1 LD_PRELOAD=$pre GPUMEMTRACE_FRAMES=0 GPUMEMTRACE_OUTPUT=$SCRATCH/tr/ GPUMEMTRACE_QUIET=1 \
+    line=$(GPUMEMTRACE_WRITE_THREAD=$wt EMUCUDA_UNLOCKED=1 LD_PRELOAD=$pre GPUMEMTRACE_FRAMES=0 GPUMEMTRACE_OUTPUT=$SCRATCH/tr/ GPUMEMTRACE_QUIET=1 \
       "$SCRATCH/emu/bench_alloc" "$THREADS" "$PAIRS" 0)
     events=-
     t=$(ls "$SCRATCH"/tr/*.trace 2>/dev/null | head -1)
