@@ -64,8 +64,18 @@ pub struct Sink {
     thread: Option<bool>,
 }
 
+/// The writing end, passed to the batch thread through a slot it empties once it runs.
+type Slot = Arc<Mutex<Option<Box<Out>>>>;
+
 enum How {
     Inline(Box<Out>),
+    /// The batch thread was started but has not taken the end yet: until it does, batches are
+    /// written inline from the slot. A new thread may be held up at its start for as long as
+    /// the host likes: std's start registers a thread-local destructor, which takes the
+    /// loader's lock, and a host allocating in a library constructor holds that lock inside
+    /// `dlopen` while the tracer starts and writes the trace's first batch. Waiting for the
+    /// thread there was a deadlock.
+    Starting(Slot, Arc<Shared>),
     Beside(Arc<Shared>),
     /// Only while moving the end from one to the other.
     Moving,
@@ -117,16 +127,20 @@ impl Sink {
                 self.move_beside();
             }
         }
-        match &mut self.how {
-            How::Inline(out) => {
-                let r = out.write(&batch);
-                if r.is_ok() {
-                    self.written.store(batch.events, Release);
+        if let How::Starting(slot, shared) = &self.how {
+            let mut end = lock(slot);
+            match end.as_mut() {
+                Some(out) => return self.write_inline(out, batch),
+                None => {
+                    // Taken: the thread runs, and every batch before this one was written.
+                    let shared = shared.clone();
+                    drop(end);
+                    self.how = How::Beside(shared);
                 }
-                let mut bytes = batch.bytes;
-                bytes.clear();
-                r.map(|_| bytes)
             }
+        }
+        match &mut self.how {
+            How::Inline(out) => Sink::write_inline_to(&self.written, out, batch),
             How::Beside(shared) => {
                 let mut s = lock(&shared.state);
                 while s.queue.len() >= QUEUED_MAX {
@@ -145,8 +159,22 @@ impl Sink {
                     None => Ok(bytes),
                 }
             }
-            How::Moving => Err(io::Error::other("the trace's writing end was lost")),
+            How::Starting(..) | How::Moving => Err(io::Error::other("the trace's writing end was lost")),
         }
+    }
+
+    fn write_inline(&self, out: &mut Out, batch: Batch) -> io::Result<Vec<u8>> {
+        Sink::write_inline_to(&self.written, out, batch)
+    }
+
+    fn write_inline_to(written: &AtomicU64, out: &mut Out, batch: Batch) -> io::Result<Vec<u8>> {
+        let r = out.write(&batch);
+        if r.is_ok() {
+            written.store(batch.events, Release);
+        }
+        let mut bytes = batch.bytes;
+        bytes.clear();
+        r.map(|_| bytes)
     }
 
     /// A busy writer (the hooks fill the rings before the flush interval is up) on a host with
@@ -159,8 +187,9 @@ impl Sink {
         }
     }
 
-    /// Starts the batch thread and gives it the writing end. Should the thread not start,
-    /// batches go on being written inline.
+    /// Starts the batch thread and offers it the writing end; batches are written inline until
+    /// it has taken it (`How::Starting`). Should the thread not start, they go on being
+    /// written inline.
     #[cold]
     fn move_beside(&mut self) {
         let How::Inline(out) = std::mem::replace(&mut self.how, How::Moving) else { return };
@@ -175,9 +204,9 @@ impl Sink {
             batch_loop(*out, &theirs, &written);
         });
         self.how = match started {
-            Ok(()) => How::Beside(shared),
+            Ok(()) => How::Starting(slot, shared),
             Err(_) => match lock(&slot).take() {
-                Some(out) => How::Inline(Box::new(*out)),
+                Some(out) => How::Inline(out),
                 None => How::Beside(shared), // the thread got it after all
             },
         };

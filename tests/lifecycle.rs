@@ -593,10 +593,22 @@ fn launcher_ranks_get_one_trace_each_and_a_merged_summary() {
 
 #[test]
 fn an_allocation_inside_dlopen_starts_the_tracer_without_deadlock() {
+    allocation_inside_dlopen_with(&[]);
+}
+
+#[test]
+fn with_writes_beside_the_writer_an_allocation_inside_dlopen_starts_without_deadlock() {
+    // The batch thread cannot start while dlopen() holds the loader lock (std registers a
+    // thread-local destructor at a thread's start, which takes it): the first batch, written
+    // when the tracer starts inside the constructor, must not wait for that thread.
+    allocation_inside_dlopen_with(&[("GPUMEMTRACE_WRITE_THREAD", "1")]);
+}
+
+fn allocation_inside_dlopen_with(env: &[(&str, &str)]) {
     // libctor_alloc.so's constructor calls cudaMalloc while dlopen() holds the loader lock; the
     // tracer starts right there (thread, file, module scan).
-    let run = run_traced("prog_dlopen_ctor", &[], &[]);
-    assert!(run.out.status.success(), "{}", run.stderr);
+    let run = run_traced_within(60, "prog_dlopen_ctor", &[], env);
+    assert!(run.out.status.success(), "{:?} (killed: still running after 60 s) {}", run.out.status, run.stderr);
     let t = run.trace();
     assert_eq!(alloc_sizes(&t), vec![11 * MIB, 12 * MIB]);
     let json = summary_json(&run.traces[0]);

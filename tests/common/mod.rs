@@ -172,8 +172,20 @@ impl Run {
 
 /// Runs an emulated-CUDA program with the preload library, traces going to a fresh directory.
 pub fn run_traced(prog: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
+    run_traced_cmd(Command::new(emu().join(prog)), prog, args, env)
+}
+
+/// As `run_traced`, killed after `secs` seconds (a deadlock then fails the test, with status
+/// 137, instead of hanging it). The program runs under `timeout(1)`, which the preloaded
+/// library leaves alone (it makes no CUDA call).
+pub fn run_traced_within(secs: u32, prog: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut cmd = Command::new("timeout");
+    cmd.args(["-s", "KILL", &secs.to_string()]).arg(emu().join(prog));
+    run_traced_cmd(cmd, prog, args, env)
+}
+
+fn run_traced_cmd(mut cmd: Command, prog: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
     let dir = scratch(prog);
-    let mut cmd = Command::new(emu().join(prog));
     cmd.args(args)
         .current_dir(&dir)
         .env("LD_PRELOAD", shim())
