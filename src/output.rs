@@ -29,6 +29,11 @@ pub fn exiting() {
     let _ = GIVE_UP_AT_NS.compare_exchange(0, now_ns() + AT_EXIT.as_nanos() as u64, Ordering::SeqCst, Ordering::SeqCst);
 }
 
+/// Whether `exiting` was called.
+pub fn is_exiting() -> bool {
+    GIVE_UP_AT_NS.load(Ordering::SeqCst) != 0
+}
+
 fn now_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes the timespec we own.

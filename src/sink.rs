@@ -181,6 +181,10 @@ impl Sink {
     /// cores to spare moves the compression beside it. Forced either way by
     /// `GPUMEMTRACE_WRITE_THREAD`.
     fn should_move(&self, busy: bool, out: &Out) -> bool {
+        // Not while the process ends (the exit's last batches; perhaps inside a signal handler).
+        if crate::output::is_exiting() {
+            return false;
+        }
         match self.thread {
             Some(on) => on,
             None => busy && out.zstd.is_some() && std::thread::available_parallelism().is_ok_and(|n| n.get() >= 4),

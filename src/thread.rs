@@ -16,6 +16,8 @@ pub struct Me {
 }
 
 thread_local! {
+    /// Set on the tracer's own threads (the writer, the batch thread).
+    static OURS: Cell<bool> = const { Cell::new(false) };
     // const-initialised and Drop-free: usable at any point of a thread's life, teardown included.
     static ME: Me = const { Me { depth: Cell::new(0), tid: Cell::new(0), named: Cell::new(false), main: Cell::new(0) } };
 }
@@ -102,6 +104,11 @@ pub fn forget_thread_id() {
 
 /// Starts a thread of the tracer's own with every signal blocked, so the host's signals go to
 /// the host's threads.
+/// Whether the calling thread is one of the tracer's own (started by `spawn_without_signals`).
+pub fn is_ours() -> bool {
+    OURS.try_with(|o| o.get()).unwrap_or(false)
+}
+
 pub fn spawn_without_signals(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
     // SAFETY: sigset manipulation on local values; the old mask is restored right after.
     unsafe {
@@ -109,7 +116,10 @@ pub fn spawn_without_signals(name: &str, f: impl FnOnce() + Send + 'static) -> s
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let r = std::thread::Builder::new().name(name.into()).spawn(f);
+        let r = std::thread::Builder::new().name(name.into()).spawn(move || {
+            OURS.with(|o| o.set(true));
+            f()
+        });
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         r.map(|_| ())
     }

@@ -562,14 +562,19 @@ extern "C" fn at_exit() {
 /// Not in a `vfork` child (Python's subprocess uses vfork): it shares the parent's memory, and the
 /// parent's tracer must go on untouched.
 pub fn finish_before_exec() {
-    // SAFETY: getpid has no preconditions.
-    if TRACER_PID.load(SeqCst) == unsafe { libc::getpid() } as u32 {
-        finish();
-    }
+    finish();
 }
 
+/// Not in a process other than the tracer's (a `vfork` child; a child made by `_Fork` or
+/// `clone`, which runs no fork handlers and has none of the tracer's threads to wait for), and
+/// not on the tracer's own threads (a host's crash handler calling `_exit` after a fault on one
+/// of them: that thread may hold the writer's lock, or be the one the exit would wait for).
 fn finish() {
     let Some(t) = tracer() else { return };
+    // SAFETY: getpid has no preconditions.
+    if TRACER_PID.load(SeqCst) != unsafe { libc::getpid() } as u32 || crate::thread::is_ours() {
+        return;
+    }
     crate::output::exiting();
     if STATE.compare_exchange(RUNNING, DIRECT, SeqCst, SeqCst).is_ok() {
         write_out(t, true);

@@ -67,6 +67,22 @@ fn vfork_children_do_not_disturb_the_parents_trace() {
     assert!(stats[0].final_);
 }
 
+#[test]
+fn a_child_made_without_fork_handlers_leaves_the_parents_trace_alone() {
+    // `_Fork` runs no fork handlers: the child has the parent's tracer in memory (its trace's
+    // descriptor, its rings) but none of its threads. Its exit must not write, commit or wait
+    // for anything of the parent's.
+    for env in [&[][..], &[("GPUMEMTRACE_WRITE_THREAD", "1")][..]] {
+        let run = run_traced_within(60, "prog_lifecycle", &["_Fork-exit"], env);
+        assert!(run.out.status.success(), "{env:?}: {:?} {}", run.out.status, run.stderr);
+        let t = run.trace();
+        assert_eq!(alloc_sizes(&t), vec![MIB, 2 * MIB], "{env:?}");
+        let stats: Vec<_> = t.stats.into_iter().collect();
+        assert_eq!(stats.iter().filter(|s| s.final_).count(), 1, "{env:?}: one final record, the parent's");
+        assert!(stats.last().unwrap().final_, "{env:?}");
+    }
+}
+
 /// Every allocation made before a fatal signal is on disk, and the process still dies of it.
 fn assert_dies_of(mode: &str, signal: i32) {
     assert_dies_of_with(mode, signal, &[]);

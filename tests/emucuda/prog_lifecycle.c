@@ -11,6 +11,9 @@
  *   vfork           allocates, runs /bin/true through vfork + execv (the child shares the
  *                   parent's memory), then allocates again
  *   _exit|_Exit|quick_exit|kill-now   allocates (a leak), then ends that way at once
+ *   _Fork-exit      allocates, makes a child with _Fork() (no fork handlers run: the child
+ *                   has the parent's tracer state but none of its threads) that calls exit(0)
+ *                   (exit handlers run), then allocates again
  *   fork-_exit      a forked child allocates three times and leaves with _exit(0), as
  *                   multiprocessing workers do; prints child_pid=
  *   closefrom       allocates, closes every descriptor above 2 (as daemons do), opens its own
@@ -114,6 +117,16 @@ int main(int argc, char **argv)
         printf("child_cuda_pid=%d\nchild_nocuda_pid=%d\n", c1, c2);
         alloc_leak(4 * MiB);
         return 0;
+    }
+    if (!strcmp(mode, "_Fork-exit")) {
+        alloc_leak(1 * MiB);
+        pid_t c = _Fork();
+        if (c == 0)
+            exit(0);
+        int st = 0;
+        waitpid(c, &st, 0);
+        alloc_leak(2 * MiB);
+        return WEXITSTATUS(st);
     }
     if (!strcmp(mode, "exec")) {
         alloc_leak(1 * MiB);
