@@ -28,6 +28,10 @@ pub struct Layout {
     pub ascii_size: usize,
     pub compact_size: usize,
     pub linetable_format: u8,
+    /// 3.12+: `co_version`, a number the interpreter gives each code object it creates, from a
+    /// counter that only grows (0 once it has run out): with the code object's address it tells
+    /// a code object from one that took a freed one's place, without reading its strings.
+    pub code_version: Option<usize>,
 }
 
 pub const FRAME_OWNED_BY_CSTACK: u8 = 3;
@@ -54,6 +58,7 @@ impl Layout {
                 ascii_size: 48,
                 compact_size: 72,
                 linetable_format: 1,
+                code_version: None,
             },
             11 => Layout {
                 minor,
@@ -73,6 +78,7 @@ impl Layout {
                 ascii_size: 48,
                 compact_size: 72,
                 linetable_format: 2,
+                code_version: None,
             },
             12 => Layout {
                 minor,
@@ -92,6 +98,7 @@ impl Layout {
                 ascii_size: 40,
                 compact_size: 56,
                 linetable_format: 2,
+                code_version: Some(92),
             },
             // 3.13: these are the header values; `debug_offsets` replaces them with what the
             // running interpreter publishes.
@@ -113,6 +120,7 @@ impl Layout {
                 ascii_size: 40,
                 compact_size: 56,
                 linetable_format: 2,
+                code_version: Some(92),
             },
             _ => return None,
         })
@@ -161,6 +169,11 @@ pub fn debug_offsets(layout: &mut Layout, rt: u64) -> Result<(), String> {
     layout.code_linetable = f(co + 4);
     layout.code_firstlineno = f(co + 5);
     layout.code_adaptive = f(co + 9);
+    // `co_version` is not published: the header's offset holds while the fields around it
+    // are where the header puts them.
+    if (layout.code_firstlineno, layout.code_filename) != (68, 112) {
+        layout.code_version = None;
+    }
     let all = [
         layout.tstate_frame,
         layout.frame_previous,

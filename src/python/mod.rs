@@ -608,10 +608,26 @@ unsafe fn walk(interp: &Interp, tstate: u64, out: &mut PyCapture, prev: &[RawPyF
 /// collide is a function of the same name, file and first line whose line table took the old
 /// table's address: a function edited and compiled again in place.
 ///
+/// From 3.12 the interpreter numbers the code objects it creates (`co_version`, from a counter
+/// that only grows): then the number is the signature, with none of those collisions, and the
+/// two `str` objects (lines the running interpreter never touches, so cold on a busy host) are
+/// not read. Once the counter has run out (4 billion code objects) new ones get 0, and the
+/// strings are read again.
+///
 /// # Safety
 /// `code` must be a live code object.
 #[link_section = ".text.hot.gpumemtrace"]
 unsafe fn signature(at: &SigOffsets, code: u64) -> u64 {
+    if let Some(off) = at.version {
+        // SAFETY: a field of a live code object (3.12+ layout).
+        let version = unsafe { read::<u32>(code + off) };
+        if version != 0 {
+            // Odd, and apart from the strings' signatures only by chance (2^-63).
+            let mut h = (version as u64 ^ 0xC0DE_0000_0000_0000).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            h ^= h >> 31;
+            return h | 1;
+        }
+    }
     // SAFETY: fields of a live code object; its name and file name are live `str` objects
     // (checked non-null and aligned), whose cached hash is at 24 in every supported version.
     let (name, file, table, line) = unsafe {
@@ -632,6 +648,8 @@ unsafe fn signature(at: &SigOffsets, code: u64) -> u64 {
 
 /// Where [`signature`] reads a code object's fields (the layout's offsets, as `u64`).
 struct SigOffsets {
+    /// `co_version` (3.12+).
+    version: Option<u64>,
     name: u64,
     filename: u64,
     linetable: u64,
@@ -641,6 +659,7 @@ struct SigOffsets {
 impl SigOffsets {
     fn of(l: &Layout) -> SigOffsets {
         SigOffsets {
+            version: l.code_version.map(|o| o as u64),
             name: l.code_name as u64,
             filename: l.code_filename as u64,
             linetable: l.code_linetable as u64,

@@ -102,3 +102,38 @@ fn cache_remembers_by_address_and_signature() {
     assert!(cache_has(code, 77));
     assert!(!cache_has(code, 79), "a reused address with another signature is new");
 }
+
+/// 3.12+: a code object's number (`co_version`) is its signature, its strings unread; a code
+/// object numbered 0 (the interpreter's counter ran out) is told by its strings, as before 3.12.
+#[test]
+fn the_code_objects_number_is_its_signature_from_3_12() {
+    let l = Layout::for_minor(12).unwrap();
+    let with = SigOffsets::of(&l);
+    let without = SigOffsets { version: None, ..SigOffsets::of(&l) };
+    // A `str` header: its cached hash at 24.
+    let strs = |name_hash: i64| -> Vec<i64> { vec![1, 0, 3, name_hash, 0, 0, 0, 0] };
+    let (name_a, name_b, file) = (strs(111), strs(222), strs(333));
+    // A code object (u64 words) with its name, file name and number where the layout says.
+    let code = |name: &Vec<i64>, version: u32| -> Vec<u64> {
+        let mut v = vec![0u64; 32];
+        v[l.code_name / 8] = name.as_ptr() as u64;
+        v[l.code_filename / 8] = file.as_ptr() as u64;
+        v[l.code_linetable / 8] = 0x7f00_0000_0000;
+        let at = l.code_version.unwrap();
+        // SAFETY: a u32 inside the buffer.
+        unsafe { (v.as_mut_ptr().cast::<u8>().add(at) as *mut u32).write_unaligned(version) };
+        v
+    };
+    // SAFETY (below): every "code object" is a buffer laid out as above, its pointers to live buffers.
+    let sig = |at: &SigOffsets, c: &Vec<u64>| unsafe { signature(at, c.as_ptr() as u64) };
+    let (a7, b7, a8) = (code(&name_a, 7), code(&name_b, 7), code(&name_a, 8));
+    assert_eq!(sig(&with, &a7), sig(&with, &b7), "numbered: the strings are not read");
+    assert_ne!(sig(&with, &a7), sig(&with, &a8), "another number: another code object");
+    assert_ne!(sig(&without, &a7), sig(&without, &b7), "unnumbered layouts read the strings");
+    let (a0, b0) = (code(&name_a, 0), code(&name_b, 0));
+    assert_eq!(sig(&with, &a0), sig(&without, &a0), "number 0: the strings decide");
+    assert_ne!(sig(&with, &a0), sig(&with, &b0));
+    for s in [sig(&with, &a7), sig(&with, &a0)] {
+        assert_eq!(s & 1, 1, "never 0");
+    }
+}
