@@ -54,11 +54,14 @@ struct Out {
     journal: Option<&'static Journal>,
     /// The output took nothing for `output::PATIENCE` (an unread FIFO): no write waits again.
     gave_up: bool,
+    /// `events` of the last batch given to it: a batch's own events are the difference.
+    handed: u64,
 }
 
 pub struct Sink {
     how: How,
-    /// Events in what was written so far (the rest is queued, or was lost with a write).
+    /// Events in the batches written so far (the rest is queued, or was lost with a write: a
+    /// batch written after a failed one does not count the failed one's).
     written: Arc<AtomicU64>,
     /// `GPUMEMTRACE_WRITE_THREAD`: `Some(on)` forced, `None` decided by the host.
     thread: Option<bool>,
@@ -108,7 +111,7 @@ impl Sink {
         journal: Option<&'static Journal>,
         thread: Option<bool>,
     ) -> Sink {
-        let out = Out { file, identity, path, zstd, out: Vec::new(), journal, gave_up: false };
+        let out = Out { file, identity, path, zstd, out: Vec::new(), journal, gave_up: false, handed: 0 };
         Sink { how: How::Inline(Box::new(out)), written: Arc::new(AtomicU64::new(0)), thread }
     }
 
@@ -168,10 +171,7 @@ impl Sink {
     }
 
     fn write_inline_to(written: &AtomicU64, out: &mut Out, batch: Batch) -> io::Result<Vec<u8>> {
-        let r = out.write(&batch);
-        if r.is_ok() {
-            written.store(batch.events, Release);
-        }
+        let r = out.write_counted(&batch, written);
         let mut bytes = batch.bytes;
         bytes.clear();
         r.map(|_| bytes)
@@ -228,11 +228,8 @@ fn batch_loop(mut out: Out, shared: &Shared, written: &AtomicU64) {
             s.busy = true;
             s.queue.pop_front().expect("a queued batch")
         };
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| out.write(&batch)))
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| out.write_counted(&batch, written)))
             .unwrap_or_else(|_| Err(io::Error::other("internal error while writing the trace")));
-        if r.is_ok() {
-            written.store(batch.events, Release);
-        }
         let mut s = lock(&shared.state);
         s.busy = false;
         if let Err(e) = r {
@@ -248,6 +245,17 @@ fn batch_loop(mut out: Out, shared: &Shared, written: &AtomicU64) {
 }
 
 impl Out {
+    /// `write`, adding the batch's own events to `written` when it is in the trace.
+    fn write_counted(&mut self, b: &Batch, written: &AtomicU64) -> io::Result<()> {
+        let own = b.events.saturating_sub(self.handed);
+        self.handed = self.handed.max(b.events);
+        let r = self.write(b);
+        if r.is_ok() {
+            written.fetch_add(own, Release);
+        }
+        r
+    }
+
     /// Proposes, writes and commits one batch (an empty one only commits).
     fn write(&mut self, b: &Batch) -> io::Result<()> {
         if b.bytes.is_empty() {
@@ -321,4 +329,32 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn wait_on<'a>(cv: &Condvar, g: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
     cv.wait(g).unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the trace holds is counted batch by batch: a batch lost to a failed write stays
+    /// uncounted when a later one is written (the exit's "N of M events were not written").
+    #[test]
+    fn a_lost_batch_stays_lost_in_the_count() {
+        let path = std::env::temp_dir().join(format!("gpumemtrace-sink-test-{}", std::process::id()));
+        let file = File::create(&path).unwrap();
+        let id = identity(&file).unwrap();
+        let mut out = Out { file, identity: id, path: path.clone(), zstd: None, out: Vec::new(), journal: None, gave_up: false, handed: 0 };
+        let written = AtomicU64::new(0);
+        let batch = |events| Batch { bytes: b"records".to_vec(), at: [0; RINGS], events };
+        out.write_counted(&batch(10), &written).unwrap();
+        assert_eq!(written.load(Relaxed), 10);
+        out.gave_up = true; // the output stopped taking data: this write fails
+        assert!(out.write_counted(&batch(25), &written).is_err());
+        out.gave_up = false;
+        out.write_counted(&batch(30), &written).unwrap();
+        assert_eq!(written.load(Relaxed), 15, "10, then 5 of the last batch; the 15 lost stay out");
+        out.write_counted(&Batch { bytes: Vec::new(), at: [0; RINGS], events: 30 }, &written).unwrap();
+        assert_eq!(written.load(Relaxed), 15, "a batch that only commits adds nothing");
+        assert_eq!(std::fs::read(&path).unwrap(), b"recordsrecords");
+        let _ = std::fs::remove_file(&path);
+    }
 }
