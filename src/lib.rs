@@ -63,6 +63,7 @@ mod thread;
 mod tracer;
 mod unwind;
 #[cfg(target_arch = "x86_64")]
+mod waiting;
 mod walkmemo;
 mod writer;
 

@@ -2,7 +2,7 @@
 //! the module map current, encodes with the format crate and writes the file. Runs on the
 //! writer thread, or on the exiting thread once the writer thread is done.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::fs::File;
 use std::io;
@@ -14,6 +14,7 @@ use rustc_hash::FxHashSet;
 
 use crate::aggregate::{Aggregate, Call};
 use crate::backward::Backward;
+use crate::waiting::Waiting;
 use crate::config::Config;
 use crate::modules::{loaded_objects, Object};
 use crate::table::{ALL, HOOKS};
@@ -70,15 +71,8 @@ pub struct Writer {
     pub events: u64,
     pub dropped: u64,
     last_flush: Instant,
-    /// Messages read and not written yet, one queue a ring, each in sequence-number order (see
-    /// `clock::next_seq`; a ring's own entries arrive in that order, so a queue grows at its
-    /// back): the writer merges the queues' fronts (`release`).
-    queues: Vec<VecDeque<Queued>>,
-    /// Messages in `queues`, which queues hold any (bit `i`: ring `i`), and which got one
-    /// ahead of their back (then their front is not the earliest position).
-    queued: usize,
-    nonempty: u64,
-    unordered: u64,
+    /// Messages read and not written yet, waiting for their turn (`release`).
+    waiting: Waiting,
     /// A queued entry's payload, read again to be written.
     entry: Vec<u8>,
     /// The journal the hooks write to, and how far the writer has read each ring.
@@ -93,12 +87,6 @@ pub struct Writer {
     /// Aggregate mode (`Config::aggregate`): successful calls go into summaries, not records.
     agg: Option<Aggregate>,
     backward: Backward,
-}
-
-/// A message read from a ring and not written yet: its number and where it lies in the ring.
-struct Queued {
-    seq: u64,
-    pos: u64,
 }
 
 /// A missing number is waited for this long, or while fewer than `MAX_PENDING` messages queue
@@ -141,10 +129,7 @@ impl Writer {
             events: 0,
             dropped: 0,
             last_flush: Instant::now(),
-            queues: (0..RINGS).map(|_| VecDeque::new()).collect(),
-            queued: 0,
-            nonempty: 0,
-            unordered: 0,
+            waiting: Waiting::default(),
             entry: Vec::new(),
             next_seq: 0,
             gap_since: None,
@@ -188,8 +173,8 @@ impl Writer {
                 // written: its space is not committed meanwhile); the usual case with one
                 // thread, the next number with nothing waiting, is written straight away.
                 let seq = jfmt::seq_of(payload);
-                if let Some(seq) = seq.filter(|&s| !(self.nonempty == 0 && s == self.next_seq && r.is_ok())) {
-                    self.enqueue(i, pos, seq);
+                if let Some(seq) = seq.filter(|&s| !(self.waiting.is_empty() && s == self.next_seq && r.is_ok())) {
+                    self.waiting.push(i, pos, seq, self.next_seq);
                     return;
                 }
                 match jfmt::decode(payload) {
@@ -212,22 +197,6 @@ impl Writer {
         Ok(n)
     }
 
-    /// Queues a message of ring `ring` in sequence order (almost always at the back: a thread
-    /// numbers and hands over its calls one after the other; threads sharing the last ring, or
-    /// a signal handler's phase, may interleave).
-    fn enqueue(&mut self, ring: usize, pos: u64, seq: u64) {
-        let q = &mut self.queues[ring];
-        if q.back().is_none_or(|b| b.seq < seq) {
-            q.push_back(Queued { seq, pos }); // not `insert` at the end: it moves nothing, but costs
-        } else {
-            self.unordered |= 1 << ring;
-            let at = q.partition_point(|m| m.seq < seq);
-            q.insert(at, Queued { seq, pos });
-        }
-        self.queued += 1;
-        self.nonempty |= 1 << ring;
-    }
-
     /// Whether a ring is filling up: then the writer writes out now, so its space returns. What
     /// was handed to the sink counts as on its way back (it returns when its batch is written).
     pub fn rings_filling(&self) -> bool {
@@ -237,14 +206,7 @@ impl Writer {
     /// Where each ring stands once the buffer is written: what was read, except messages still
     /// waiting for their turn (see `release`).
     fn committable(&self) -> [u64; RINGS] {
-        let mut at = self.read_pos;
-        for (i, q) in self.queues.iter().enumerate() {
-            let min = if self.unordered & (1 << i) == 0 { q.front().map(|m| m.pos) } else { q.iter().map(|m| m.pos).min() };
-            if let Some(min) = min {
-                at[i] = at[i].min(min);
-            }
-        }
-        at
+        self.waiting.committable(self.read_pos)
     }
 
     /// Writes queued messages in call order: the lowest number at the front of a queue, as long
@@ -253,30 +215,14 @@ impl Writer {
     /// the writer goes on without it (it comes later, out of order, or never: a thread that
     /// stopped tracing after numbering its call). `all`: also past gaps (exit, fatal signal).
     pub fn release(&mut self, all: bool) -> io::Result<()> {
-        while self.nonempty != 0 {
-            let mut bits = self.nonempty;
-            let (mut ring, mut seq) = (0, u64::MAX);
-            while bits != 0 {
-                let i = bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                let s = self.queues[i].front().map_or(u64::MAX, |m| m.seq);
-                if s < seq {
-                    (ring, seq) = (i, s);
-                }
-            }
+        while let Some((ring, seq)) = self.waiting.lowest(self.next_seq) {
             if seq > self.next_seq {
                 let waited = self.gap_since.get_or_insert_with(Instant::now).elapsed();
-                if !all && waited < GAP_WAIT && self.queued < MAX_PENDING {
+                if !all && waited < GAP_WAIT && self.waiting.len() < MAX_PENDING {
                     return Ok(());
                 }
             }
-            let q = &mut self.queues[ring];
-            let m = q.pop_front().expect("a non-empty queue");
-            if q.is_empty() {
-                self.nonempty &= !(1 << ring);
-                self.unordered &= !(1 << ring);
-            }
-            self.queued -= 1;
+            let Some(m) = self.waiting.pop(ring, self.next_seq) else { break };
             // Below `next_seq`: its gap was given up on; late, but not lost.
             self.next_seq = self.next_seq.max(seq + 1);
             self.gap_since = None;
@@ -348,7 +294,8 @@ impl Writer {
                 failure_live = agg.failed(ev.api, ev.tid, ev.device);
             }
         }
-        self.put(&Record::Event(fmt::Event {
+        // Straight to the event encoder: no `Record` around it to build and drop.
+        let event = fmt::Event {
             api: ev.api,
             time_ns,
             tid: ev.tid,
@@ -363,7 +310,8 @@ impl Writer {
             flags: ev.flags,
             total_allocated: ev.total_allocated,
             total_reserved: ev.total_reserved,
-        }));
+        };
+        self.enc.encode_event(&event, &mut self.buf);
         if let Some(live_bytes) = failure_live {
             self.put(&Record::AggFailure(fmt::AggFailure { device: ev.device, live_bytes }));
         }
