@@ -28,6 +28,7 @@
 
 mod aggregate;
 mod backward;
+mod batch;
 mod phase_totals;
 mod clock;
 mod config;

@@ -24,23 +24,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use gpumemtrace_format as fmt;
 
-use crate::ring::{Journal, RINGS};
-
-/// A batch this large is written without waiting for the flush interval (and says the event
-/// rate is high).
-pub const BATCH_BYTES: usize = 256 * 1024;
+pub use crate::batch::{Batch, Body};
+use crate::batch::Items;
+use crate::ring::Journal;
 
 /// Batches handed over and not written yet, at most (bounds the memory they hold: two full
-/// batches and their compressed copies, about a megabyte).
+/// batches of items, their encoded and compressed copies, and the spare bodies, a few MiB).
 const QUEUED_MAX: usize = 2;
-
-/// What one write puts in the trace: the encoded records, where each ring will stand once they
-/// are written, and how many events the trace then holds.
-pub struct Batch {
-    pub bytes: Vec<u8>,
-    pub at: [u64; RINGS],
-    pub events: u64,
-}
 
 /// The writing end itself, owned by whichever thread writes.
 struct Out {
@@ -51,6 +41,9 @@ struct Out {
     zstd: Option<fmt::Compressor>,
     /// Compressed bytes before they are written.
     out: Vec<u8>,
+    /// Encodes the events of batches of items (see `batch`), into `encoded`.
+    enc: fmt::Encoder,
+    encoded: Vec<u8>,
     journal: Option<&'static Journal>,
     /// The output took nothing for `output::PATIENCE` (an unread FIFO): no write waits again.
     gave_up: bool,
@@ -97,8 +90,8 @@ struct State {
     busy: bool,
     /// The first failed write the writer was not told of yet.
     error: Option<io::Error>,
-    /// Buffers of written batches, for the writer to fill again.
-    spare: Vec<Vec<u8>>,
+    /// Bodies of written batches, for the writer to fill again.
+    spare: Vec<Body>,
 }
 
 impl Sink {
@@ -111,7 +104,18 @@ impl Sink {
         journal: Option<&'static Journal>,
         thread: Option<bool>,
     ) -> Sink {
-        let out = Out { file, identity, path, zstd, out: Vec::new(), journal, gave_up: false, handed: 0 };
+        let out = Out {
+            file,
+            identity,
+            path,
+            zstd,
+            out: Vec::new(),
+            enc: fmt::Encoder::new(),
+            encoded: Vec::new(),
+            journal,
+            gave_up: false,
+            handed: 0,
+        };
         Sink { how: How::Inline(Box::new(out)), written: Arc::new(AtomicU64::new(0)), thread }
     }
 
@@ -120,11 +124,12 @@ impl Sink {
         self.written.load(Acquire)
     }
 
-    /// Writes `batch` and returns an empty buffer for the next one. Inline: written now.
+    /// Writes `batch` and returns an empty body for the next one: bytes while the writer
+    /// encodes (inline), items once the events are encoded here. Inline: written now.
     /// Beside: queued (waiting while `QUEUED_MAX` are), and written by now when `wait`. An
     /// error is a failed write: this batch's (inline, or beside with `wait`) or an earlier one's.
     /// `busy`: the writer writes before its time, because the hooks fill the rings faster.
-    pub fn write(&mut self, batch: Batch, wait: bool, busy: bool) -> io::Result<Vec<u8>> {
+    pub fn write(&mut self, batch: Batch, wait: bool, busy: bool) -> io::Result<Body> {
         if let How::Inline(out) = &self.how {
             if self.should_move(busy, out) {
                 self.move_beside();
@@ -133,7 +138,7 @@ impl Sink {
         if let How::Starting(slot, shared) = &self.how {
             let mut end = lock(slot);
             match end.as_mut() {
-                Some(out) => return self.write_inline(out, batch),
+                Some(out) => return Sink::write_inline_to(&self.written, out, batch).map(|_| Body::Items(Items::default())),
                 None => {
                     // Taken: the thread runs, and every batch before this one was written.
                     let shared = shared.clone();
@@ -156,25 +161,20 @@ impl Sink {
                         s = wait_on(&shared.changed, s);
                     }
                 }
-                let bytes = s.spare.pop().unwrap_or_default();
+                let body = s.spare.pop().unwrap_or_else(|| Body::Items(Items::default()));
                 match s.error.take() {
                     Some(e) => Err(e),
-                    None => Ok(bytes),
+                    None => Ok(body),
                 }
             }
             How::Starting(..) | How::Moving => Err(io::Error::other("the trace's writing end was lost")),
         }
     }
 
-    fn write_inline(&self, out: &mut Out, batch: Batch) -> io::Result<Vec<u8>> {
-        Sink::write_inline_to(&self.written, out, batch)
-    }
-
-    fn write_inline_to(written: &AtomicU64, out: &mut Out, batch: Batch) -> io::Result<Vec<u8>> {
+    /// Written now, on the calling thread; the body comes back emptied.
+    fn write_inline_to(written: &AtomicU64, out: &mut Out, batch: Batch) -> io::Result<Body> {
         let r = out.write_counted(&batch, written);
-        let mut bytes = batch.bytes;
-        bytes.clear();
-        r.map(|_| bytes)
+        r.map(|_| batch.body.emptied())
     }
 
     /// A busy writer (the hooks fill the rings before the flush interval is up) on a host with
@@ -235,10 +235,10 @@ fn batch_loop(mut out: Out, shared: &Shared, written: &AtomicU64) {
         if let Err(e) = r {
             s.error.get_or_insert(e);
         }
-        if s.spare.len() < QUEUED_MAX {
-            let mut bytes = batch.bytes;
-            bytes.clear();
-            s.spare.push(bytes);
+        // Only items come back to the writer: a bytes body (one handed over before the move)
+        // is not what it fills now.
+        if s.spare.len() < QUEUED_MAX && matches!(batch.body, Body::Items(_)) {
+            s.spare.push(batch.body.emptied());
         }
         shared.changed.notify_all();
     }
@@ -258,7 +258,7 @@ impl Out {
 
     /// Proposes, writes and commits one batch (an empty one only commits).
     fn write(&mut self, b: &Batch) -> io::Result<()> {
-        if b.bytes.is_empty() {
+        if b.body.is_empty() {
             if let Some(jn) = self.journal {
                 jn.commit(&b.at);
             }
@@ -271,13 +271,22 @@ impl Out {
             return Err(io::Error::new(io::ErrorKind::TimedOut, "the output stopped taking data"));
         }
         self.own_descriptor()?;
+        let mut encoded = std::mem::take(&mut self.encoded);
+        let bytes: &[u8] = match &b.body {
+            Body::Bytes(bytes) => bytes,
+            Body::Items(items) => {
+                items.encode(&mut self.enc, &mut encoded);
+                &encoded
+            }
+        };
         let r = match &mut self.zstd {
             Some(z) => {
                 self.out.clear();
-                z.compress(&b.bytes, &mut self.out).and_then(|_| crate::output::write_all(&self.file, &self.out))
+                z.compress(bytes, &mut self.out).and_then(|_| crate::output::write_all(&self.file, &self.out))
             }
-            None => crate::output::write_all(&self.file, &b.bytes),
+            None => crate::output::write_all(&self.file, bytes),
         };
+        self.encoded = encoded;
         match r {
             Ok(()) => {
                 if let Some(jn) = self.journal {
@@ -334,6 +343,7 @@ fn wait_on<'a>(cv: &Condvar, g: MutexGuard<'a, State>) -> MutexGuard<'a, State> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ring::RINGS;
 
     /// What the trace holds is counted batch by batch: a batch lost to a failed write stays
     /// uncounted when a later one is written (the exit's "N of M events were not written").
@@ -342,9 +352,20 @@ mod tests {
         let path = std::env::temp_dir().join(format!("gpumemtrace-sink-test-{}", std::process::id()));
         let file = File::create(&path).unwrap();
         let id = identity(&file).unwrap();
-        let mut out = Out { file, identity: id, path: path.clone(), zstd: None, out: Vec::new(), journal: None, gave_up: false, handed: 0 };
+        let mut out = Out {
+            file,
+            identity: id,
+            path: path.clone(),
+            zstd: None,
+            out: Vec::new(),
+            enc: fmt::Encoder::new(),
+            encoded: Vec::new(),
+            journal: None,
+            gave_up: false,
+            handed: 0,
+        };
         let written = AtomicU64::new(0);
-        let batch = |events| Batch { bytes: b"records".to_vec(), at: [0; RINGS], events };
+        let batch = |events| Batch { body: Body::Bytes(b"records".to_vec()), at: [0; RINGS], events };
         out.write_counted(&batch(10), &written).unwrap();
         assert_eq!(written.load(Relaxed), 10);
         out.gave_up = true; // the output stopped taking data: this write fails
@@ -352,7 +373,7 @@ mod tests {
         out.gave_up = false;
         out.write_counted(&batch(30), &written).unwrap();
         assert_eq!(written.load(Relaxed), 15, "10, then 5 of the last batch; the 15 lost stay out");
-        out.write_counted(&Batch { bytes: Vec::new(), at: [0; RINGS], events: 30 }, &written).unwrap();
+        out.write_counted(&Batch { body: Body::Bytes(Vec::new()), at: [0; RINGS], events: 30 }, &written).unwrap();
         assert_eq!(written.load(Relaxed), 15, "a batch that only commits adds nothing");
         assert_eq!(std::fs::read(&path).unwrap(), b"recordsrecords");
         let _ = std::fs::remove_file(&path);

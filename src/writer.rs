@@ -9,7 +9,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpumemtrace_format::{self as fmt, Encoder, Record};
+use gpumemtrace_format::{self as fmt, Encoder, EventState, Record};
 use rustc_hash::FxHashSet;
 
 use crate::aggregate::{Aggregate, Call};
@@ -20,7 +20,7 @@ use crate::modules::{loaded_objects, Object};
 use crate::table::{ALL, HOOKS};
 use crate::record::{CodeInfo, Msg, PyCapture, RawEvent, RawPhase, RawPyFrame, Stack};
 use crate::ring::{Journal, RINGS};
-use crate::sink::{Batch, Sink, BATCH_BYTES};
+use crate::sink::{Batch, Body, Sink};
 use gpumemtrace_format::journal::{self as jfmt, dict};
 
 /// The identity hash, for keys that are hashes already.
@@ -49,7 +49,11 @@ pub struct Writer {
     sink: Sink,
     pub path: PathBuf,
     enc: Encoder,
-    buf: Vec<u8>,
+    /// What the next write takes: encoded records, or, once the sink encodes events beside the
+    /// writer, records in order with the events left as they are (see `batch`).
+    body: Body,
+    /// The event deltas after the last event put in `body` (where the next body starts).
+    last_event: EventState,
     start_ns: u64,
     /// Stack ids by the hot path's key (`record::Stack`): already a hash, not hashed again.
     stacks: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
@@ -115,7 +119,8 @@ impl Writer {
             sink,
             path,
             enc: Encoder::new(),
-            buf: Vec::new(),
+            body: Body::Bytes(Vec::new()),
+            last_event: EventState::default(),
             start_ns,
             stacks: HashMap::default(),
             py_codes: HashMap::new(),
@@ -259,7 +264,10 @@ impl Writer {
     }
 
     fn put(&mut self, rec: &Record) {
-        self.enc.encode(rec, &mut self.buf);
+        if let Record::Event(e) = rec {
+            self.last_event = EventState::after(e);
+        }
+        self.body.put(&mut self.enc, rec);
     }
 
     /// Encodes one event (and its stack and modules, the first time they are seen).
@@ -311,12 +319,13 @@ impl Writer {
             total_allocated: ev.total_allocated,
             total_reserved: ev.total_reserved,
         };
-        self.enc.encode_event(&event, &mut self.buf);
+        self.body.put_event(&mut self.enc, event);
+        self.last_event = EventState::after(&event);
         if let Some(live_bytes) = failure_live {
             self.put(&Record::AggFailure(fmt::AggFailure { device: ev.device, live_bytes }));
         }
         self.events += 1;
-        if self.buf.len() >= BATCH_BYTES {
+        if self.body.is_full() {
             self.flush_busy()?;
         }
         Ok(())
@@ -539,10 +548,15 @@ impl Writer {
         self.last_flush = Instant::now();
         let at = self.committable();
         self.handed = at;
-        let bytes = std::mem::take(&mut self.buf);
-        match self.sink.write(Batch { bytes, at, events: self.events }, wait, busy) {
-            Ok(buf) => {
-                self.buf = buf;
+        let body = std::mem::replace(&mut self.body, Body::Bytes(Vec::new()));
+        let r = self.sink.write(Batch { body, at, events: self.events }, wait, busy);
+        // The next body goes on from the last event, whichever end encodes it (after a failed
+        // write, the writer, in bytes).
+        self.enc.set_event_state(self.last_event);
+        match r {
+            Ok(body) => {
+                self.body = body;
+                self.body.start_items(self.last_event);
                 Ok(())
             }
             Err(e) => Err(self.lost(e)),
@@ -579,7 +593,7 @@ impl Writer {
         let time_ns = crate::clock::now_ns().saturating_sub(self.start_ns);
         if let Some(agg) = self.agg.as_mut() {
             for r in agg.summary(time_ns, self.events, final_) {
-                self.enc.encode(&r, &mut self.buf);
+                self.body.put(&mut self.enc, &r);
             }
         }
     }
@@ -589,7 +603,7 @@ impl Writer {
         if self.agg.as_mut().is_some_and(|a| a.due()) {
             self.summary(false);
         }
-        if !self.buf.is_empty() && self.last_flush.elapsed() >= FLUSH_INTERVAL {
+        if !self.body.is_empty() && self.last_flush.elapsed() >= FLUSH_INTERVAL {
             self.flush()
         } else {
             Ok(())

@@ -19,9 +19,32 @@ pub(crate) struct Prev {
     pub(crate) addr: u64,
 }
 
+/// Where an encoder's event deltas stand: what another encoder needs to go on from the same
+/// point of the stream (the preload library encodes events on one thread or another, batch by
+/// batch, in order).
+#[derive(Clone, Copy, Default)]
+pub struct EventState(Prev);
+
+impl EventState {
+    /// The state after encoding `e`.
+    pub fn after(e: &Event) -> EventState {
+        EventState(Prev { time_ns: e.time_ns, tid: e.tid, addr: e.addr })
+    }
+}
+
 impl Encoder {
     pub fn new() -> Encoder {
         Encoder::default()
+    }
+
+    /// Where the event deltas stand now.
+    pub fn event_state(&self) -> EventState {
+        EventState(self.prev)
+    }
+
+    /// Goes on from `s`: the next event is encoded as the one after the event `s` was taken at.
+    pub fn set_event_state(&mut self, s: EventState) {
+        self.prev = s.0;
     }
 
     /// Appends `rec` to `out`.

@@ -25,7 +25,7 @@ pub mod recover;
 
 pub use compress::Compressor;
 pub use decode::{ReadError, Reader};
-pub use encode::Encoder;
+pub use encode::{Encoder, EventState};
 pub use fit::{cut, fitted, MAX_ARGS_LEN, MAX_BUILD_ID_LEN, MAX_FIELD_LEN, MAX_LINETABLE_LEN};
 pub use header::*;
 pub use records::*;
