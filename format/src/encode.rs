@@ -5,10 +5,17 @@ use crate::records::*;
 
 /// Event timestamps are stored as signed deltas from the previous event, so the encoder keeps
 /// that one piece of state.
-#[derive(Default)]
 pub struct Encoder {
     prev: Prev,
     payload: Vec<u8>,
+    /// An event's payload while it is built (kept here: not cleared for every event).
+    event: [u8; 256],
+}
+
+impl Default for Encoder {
+    fn default() -> Self {
+        Encoder { prev: Prev::default(), payload: Vec::new(), event: [0; 256] }
+    }
 }
 
 /// The previous event's fields that the next one is stored relative to.
@@ -244,7 +251,7 @@ impl Encoder {
     /// the same address).
     #[inline]
     pub fn encode_event(&mut self, e: &Event, out: &mut Vec<u8>) {
-        let mut p = Fixed::new();
+        let mut p = Fixed { b: &mut self.event, n: 0 };
         p.uv(e.api as u64);
         p.sv(e.time_ns.wrapping_sub(self.prev.time_ns) as i64);
         p.sv((e.tid as i64).wrapping_sub(self.prev.tid as i64));
@@ -265,7 +272,7 @@ impl Encoder {
             p.uv(e.flags as u64);
             p.uv(e.total_allocated);
             p.uv(e.total_reserved);
-            while p.n > base && p.b[p.n - 1] == 0 {
+            while p.n > base && p.b[(p.n - 1) & 0xff] == 0 {
                 p.n -= 1;
             }
         }
@@ -275,26 +282,23 @@ impl Encoder {
     }
 }
 
-/// An event's payload, built on the stack: 14 varints of at most 10 bytes each.
-struct Fixed {
-    b: [u8; 144],
+/// An event's payload being built: 14 varints of at most 10 bytes each. The buffer is 256
+/// bytes and indexed modulo 256, so no store needs a bounds check (the payload never comes near
+/// 256 bytes, so the modulo never changes an index).
+struct Fixed<'a> {
+    b: &'a mut [u8; 256],
     n: usize,
 }
 
-impl Fixed {
-    #[inline(always)]
-    fn new() -> Fixed {
-        Fixed { b: [0; 144], n: 0 }
-    }
-
+impl Fixed<'_> {
     #[inline(always)]
     fn uv(&mut self, mut v: u64) {
         while v >= 0x80 {
-            self.b[self.n] = (v as u8) | 0x80;
+            self.b[self.n & 0xff] = (v as u8) | 0x80;
             self.n += 1;
             v >>= 7;
         }
-        self.b[self.n] = v as u8;
+        self.b[self.n & 0xff] = v as u8;
         self.n += 1;
     }
 
