@@ -72,6 +72,7 @@ impl Waiting {
 
     /// Queues message `seq` of `ring`, at `pos` there, while number `expected` is the next to
     /// write. A ring's own messages come in number order, so this is almost always the back.
+    #[inline]
     pub fn push(&mut self, ring: usize, pos: u64, seq: u64, expected: u64) {
         let q = &mut self.queues[ring];
         let m = Queued { seq, pos };
@@ -114,6 +115,7 @@ impl Waiting {
 
     /// Takes the front of `ring`'s queue (one `lowest` named), while `expected` is the number to
     /// write next.
+    #[inline]
     pub fn pop(&mut self, ring: usize, expected: u64) -> Option<Queued> {
         let q = &mut self.queues[ring];
         let m = *q.items.get(q.head)?;
