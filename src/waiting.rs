@@ -227,6 +227,82 @@ mod tests {
         assert_eq!(w.pop(31, 0), None);
     }
 
+    /// Against a plain sort, on random interleavings of eight rings (each ring's own numbers
+    /// rising, some messages arriving after the writer gave up on them, some rings shared): what
+    /// comes out is every message once, lowest first among what waits, exactly as the writer's
+    /// rule says (the expected number goes past a missing one only by writing a later one).
+    #[test]
+    fn random_interleavings_come_out_as_a_sort_would_give_them() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut rand = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for round in 0..200 {
+            let mut w = Waiting::default();
+            let mut reference = std::collections::BTreeSet::new();
+            let mut expected = 0u64;
+            let mut next_number = 0u64;
+            let mut held_back: Vec<(usize, u64)> = Vec::new();
+            let mut out = Vec::new();
+            for _ in 0..500 {
+                match rand(10) {
+                    // A hook numbers its call and hands it over now, or later (a gap).
+                    0..=5 => {
+                        let ring = if round % 3 == 0 { 31 } else { rand(8) as usize };
+                        if rand(6) == 0 {
+                            held_back.push((ring, next_number));
+                        } else {
+                            w.push(ring, next_number * 8, next_number, expected);
+                            reference.insert(next_number);
+                        }
+                        next_number += 1;
+                    }
+                    // A held-back message arrives (perhaps after the writer gave up on it).
+                    6 if !held_back.is_empty() => {
+                        let (ring, seq) = held_back.swap_remove(rand(held_back.len() as u64) as usize);
+                        w.push(ring, seq * 8, seq, expected);
+                        reference.insert(seq);
+                    }
+                    // The writer writes what is due, giving up on a gap now and then.
+                    _ => {
+                        let give_up = rand(2) == 0;
+                        while let Some((ring, seq)) = w.lowest(expected) {
+                            assert_eq!(Some(&seq), reference.first(), "round {round}: the lowest waiting number");
+                            if seq > expected && !give_up {
+                                break;
+                            }
+                            let m = w.pop(ring, expected).unwrap();
+                            assert_eq!(m, Queued { seq, pos: seq * 8 });
+                            reference.remove(&seq);
+                            expected = expected.max(seq + 1);
+                            out.push(seq);
+                        }
+                    }
+                }
+                assert_eq!(w.len(), reference.len());
+            }
+            for (ring, seq) in held_back.drain(..) {
+                w.push(ring, seq * 8, seq, expected);
+                reference.insert(seq);
+            }
+            while let Some((ring, seq)) = w.lowest(expected) {
+                assert_eq!(Some(&seq), reference.first());
+                w.pop(ring, expected).unwrap();
+                reference.remove(&seq);
+                expected = expected.max(seq + 1);
+                out.push(seq);
+            }
+            assert!(w.is_empty() && reference.is_empty());
+            let mut sorted = out.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            assert_eq!(sorted, (0..next_number).collect::<Vec<_>>(), "round {round}: every message once");
+        }
+    }
+
     /// A queue that never runs dry does not grow with what was already written.
     #[test]
     fn a_queue_that_never_empties_stays_bounded() {
