@@ -63,8 +63,8 @@ mod table;
 mod thread;
 mod tracer;
 mod unwind;
-#[cfg(target_arch = "x86_64")]
 mod waiting;
+#[cfg(target_arch = "x86_64")]
 mod walkmemo;
 mod writer;
 

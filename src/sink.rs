@@ -138,7 +138,13 @@ impl Sink {
         if let How::Starting(slot, shared) = &self.how {
             let mut end = lock(slot);
             match end.as_mut() {
-                Some(out) => return Sink::write_inline_to(&self.written, out, batch).map(|_| Body::Items(Items::default())),
+                // Written inline until the thread has the end; what comes back is items either way.
+                Some(out) => {
+                    return Sink::write_inline_to(&self.written, out, batch).map(|body| match body {
+                        Body::Items(_) => body,
+                        Body::Bytes(_) => Body::Items(Items::default()),
+                    })
+                }
                 None => {
                     // Taken: the thread runs, and every batch before this one was written.
                     let shared = shared.clone();

@@ -123,6 +123,7 @@ impl Waiting {
         self.len -= 1;
         // A message is late from its arrival on (the expected number only passes a waiting one
         // by writing it), so this counts down exactly what `push` counted up.
+        debug_assert!(self.late >= usize::from(m.seq < expected), "a message late at its pop was late at its push");
         self.late = self.late.saturating_sub(usize::from(m.seq < expected));
         if q.head == q.items.len() {
             q.items.clear();
