@@ -38,7 +38,7 @@ pub fn traced(api: u32, op: Op, call: impl FnOnce() -> Status, describe: impl Fn
     let is_free = matches!(op, Op::Free);
     let mut before = None;
     if is_free {
-        match catch_unwind(AssertUnwindSafe(|| describe(SUCCESS).map(|f| (f, clock::next_seq(), clock::now_ns())))) {
+        match catch_unwind(AssertUnwindSafe(|| describe(SUCCESS).map(|f| (f, numbered(), clock::now_ns())))) {
             Ok(b) => before = b,
             Err(_) => tracer::disable("internal error while describing a free"),
         }
@@ -63,7 +63,7 @@ pub fn traced(api: u32, op: Op, call: impl FnOnce() -> Status, describe: impl Fn
     let returned = selftime::mark();
     let recorded = catch_unwind(AssertUnwindSafe(|| {
         if let Some(fields) = describe(result) {
-            let marks = record(&guard, api, result, fields, clock::next_seq(), clock::now_ns());
+            let marks = record(&guard, api, result, fields, numbered(), clock::now_ns());
             count_stacked(entered, calling, returned, marks);
         }
     }));
@@ -121,7 +121,7 @@ pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: O
         // A free needs no stack: numbered and timed before the block can be handed out again,
         // with one bit saying whether the program (not the interpreter's shutdown) freed it.
         let recorded = catch_unwind(AssertUnwindSafe(|| {
-            let (seq, time) = (clock::next_seq(), clock::now_ns());
+            let (seq, time) = (numbered(), clock::now_ns());
             (seq, time, python_flag(&guard))
         }));
         let calling = selftime::mark();
@@ -143,7 +143,7 @@ pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: O
     forward();
     let returned = selftime::mark();
     report_panic(catch_unwind(AssertUnwindSafe(|| {
-        let marks = record(&guard, apis.0, SUCCESS, fields, clock::next_seq(), clock::now_ns());
+        let marks = record(&guard, apis.0, SUCCESS, fields, numbered(), clock::now_ns());
         count_stacked(entered, calling, returned, marks);
     })));
 }
@@ -254,6 +254,16 @@ fn record(guard: &Guard, api: u32, result: Status, f: Fields, seq: u64, time: u6
         crate::python::remember(&known);
     }
     ([started, python_done, native_done, selftime::mark()], py_key != 0)
+}
+
+/// The call's sequence number (`clock::next_seq`), timed under `GPUMEMTRACE_SELF_TIME` (see
+/// `selftime::Sub::Number`): the one write every hook of every thread makes to a shared line.
+#[inline(always)]
+fn numbered() -> u64 {
+    let m = selftime::mark();
+    let seq = clock::next_seq();
+    selftime::add(selftime::Sub::Number, m);
+    seq
 }
 
 /// What a call did, as the table line describes it.

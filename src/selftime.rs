@@ -59,15 +59,19 @@ const NONE_YET_PADDED: CachePadded<Totals> = CachePadded::new(NONE_YET);
 static TOTALS: once_cell::sync::OnceCell<Box<[CachePadded<Totals>; KINDS]>> = once_cell::sync::OnceCell::new();
 
 /// Parts of the native stack's time (src/fastunwind.rs): evaluating unwind rules, finding how a
-/// frame uses rbp (a second, poisoned evaluation), and checking the memo of the previous walk.
+/// frame uses rbp (a second, poisoned evaluation), and checking the memo of the previous walk;
+/// and, counted in the parts above, taking the process-wide sequence number (`clock::next_seq`),
+/// one cache line every thread writes: what threads cost each other.
 #[derive(Clone, Copy)]
 pub enum Sub {
     Rule = 0,
     Classify = 1,
     Memo = 2,
+    Number = 3,
 }
-const SUBS: usize = 3;
-const SUB_NAMES: [&str; SUBS] = ["rules", "rbp use", "memo checks"];
+const SUBS: usize = 4;
+const NATIVE_SUBS: usize = 3;
+const SUB_NAMES: [&str; SUBS] = ["rules", "rbp use", "memo checks", "sequence numbers"];
 static SUB_TICKS: CachePadded<[AtomicU64; SUBS]> = CachePadded::new([ZERO; SUBS]);
 static SUB_COUNTS: CachePadded<[AtomicU64; SUBS]> = CachePadded::new([ZERO; SUBS]);
 
@@ -200,14 +204,16 @@ pub fn report() -> Option<String> {
             mean * n as f64 / 1e6
         ));
     }
-    let subs: Vec<String> = (0..SUBS)
-        .filter_map(|i| {
-            let (t, n) = (SUB_TICKS[i].load(Relaxed), SUB_COUNTS[i].load(Relaxed));
-            (n > 0).then(|| format!("{} {:.3} ms in {n} ({:.0} ns each)", SUB_NAMES[i], t as f64 * ns_per_tick / 1e6, t as f64 * ns_per_tick / n as f64))
-        })
-        .collect();
+    let sub = |i: usize| {
+        let (t, n) = (SUB_TICKS[i].load(Relaxed), SUB_COUNTS[i].load(Relaxed));
+        (n > 0).then(|| format!("{} {:.3} ms in {n} ({:.0} ns each)", SUB_NAMES[i], t as f64 * ns_per_tick / 1e6, t as f64 * ns_per_tick / n as f64))
+    };
+    let subs: Vec<String> = (0..NATIVE_SUBS).filter_map(sub).collect();
     if !subs.is_empty() {
         lines.push(format!("native stacks: {}", subs.join(", ")));
+    }
+    if let Some(numbers) = sub(Sub::Number as usize) {
+        lines.push(format!("of all parts: {numbers}"));
     }
     (!lines.is_empty()).then(|| format!("self time (GPUMEMTRACE_SELF_TIME): {}", lines.join("; ")))
 }

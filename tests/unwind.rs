@@ -133,6 +133,11 @@ fn self_time_counts_every_event_by_kind_and_splits_its_time_into_parts() {
         assert!(note.contains(&format!("{part} ")), "{part} missing: {note}");
     }
     assert!(note.contains("native stacks: ") && note.contains("memo checks"), "{note}");
+    // Every timed event took one sequence number (the shared line threads cost each other),
+    // timed on its own.
+    let numbers = note.split("sequence numbers ").nth(1).unwrap_or_else(|| panic!("no sequence numbers in {note}"));
+    let taken: u64 = numbers.split(" in ").nth(1).and_then(|s| s.split(' ').next()).and_then(|n| n.parse().ok()).unwrap();
+    assert_eq!(taken, stacked - 1 + bare, "{note}");
     // Without the switch, no notice (and no clock reads on the hot path).
     let plain = run_traced("prog_unwind_nofp", &["20"], &[]).trace();
     assert!(!plain.notices.iter().any(|n| n.starts_with("self time")));
