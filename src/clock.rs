@@ -45,6 +45,16 @@ pub fn ticks() -> u64 {
 /// Whether hooks read the counter (set by `calibrate`).
 static TSC: AtomicBool = AtomicBool::new(false);
 
+/// How hooks read the time, for self-measurement's notice: the counter, or `clock_gettime`
+/// and the kernel's clocksource behind it (a paravirtual one costs more a read).
+pub fn describe() -> String {
+    if TSC.load(Relaxed) {
+        return "the time-stamp counter".to_owned();
+    }
+    let source = std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource");
+    format!("clock_gettime (clocksource {})", source.as_deref().map_or("unknown", str::trim))
+}
+
 /// The map from ticks to nanoseconds, `ns = NS0 + (ticks - T0) * MULT / 2^32`, behind a
 /// sequence lock (odd while the writer changes it; readers retry).
 static MAP_SEQ: AtomicU64 = AtomicU64::new(0);

@@ -233,6 +233,9 @@ pub fn report() -> Option<String> {
     if let Some(numbers) = sub(Sub::Number as usize) {
         lines.push(format!("of all parts: {numbers}"));
     }
+    if !lines.is_empty() {
+        lines.push(format!("hooks read the time with {}", crate::clock::describe()));
+    }
     (!lines.is_empty()).then(|| format!("self time (GPUMEMTRACE_SELF_TIME): {}", lines.join("; ")))
 }
 

@@ -138,6 +138,8 @@ fn self_time_counts_every_event_by_kind_and_splits_its_time_into_parts() {
     let numbers = note.split("sequence numbers ").nth(1).unwrap_or_else(|| panic!("no sequence numbers in {note}"));
     let taken: u64 = numbers.split(" in ").nth(1).and_then(|s| s.split(' ').next()).and_then(|n| n.parse().ok()).unwrap();
     assert_eq!(taken, stacked - 1 + bare, "{note}");
+    // And how the hooks read the time (the counter, or clock_gettime and the clocksource behind it).
+    assert!(note.contains("hooks read the time with "), "{note}");
     // Without the switch, no notice (and no clock reads on the hot path).
     let plain = run_traced("prog_unwind_nofp", &["20"], &[]).trace();
     assert!(!plain.notices.iter().any(|n| n.starts_with("self time")));

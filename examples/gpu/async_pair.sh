@@ -10,6 +10,7 @@ WINDOWS=${WINDOWS:-40}
 W=${WORK:-$(mktemp -d)}
 HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$W/tr"
+echo "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null) (available: $(cat /sys/devices/system/clocksource/clocksource0/available_clocksource 2>/dev/null))"
 nvcc -O2 -o "$W/perf_async" "$HERE/perf_async.cu" || exit 1
 nvcc -O2 -o "$W/driver_query_cost" "$HERE/driver_query_cost.cu" -lcuda || exit 1
 for i in 1 2 3; do

@@ -19,6 +19,7 @@ mkdir -p "$OUTDIR"
     nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null
     python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)' 2>/dev/null
     nproc
+    echo "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null) (available: $(cat /sys/devices/system/clocksource/clocksource0/available_clocksource 2>/dev/null))"
 } | tee "$OUTDIR/host.txt"
 BIN=$BIN ROUNDS=$ROUNDS VARIANTS="none base new new-inline" timeout 200 examples/gpu/writer_threads.sh >"$OUTDIR/threads.txt" 2>&1
 tail -4 "$OUTDIR/threads.txt"

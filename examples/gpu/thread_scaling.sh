@@ -10,6 +10,7 @@ BIN=$(cd "${BIN:?}" && pwd)
 RUNS=${RUNS:-3}
 W=${WORK:-$(mktemp -d)}
 HERE=$(cd "$(dirname "$0")" && pwd)
+echo "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null) (available: $(cat /sys/devices/system/clocksource/clocksource0/available_clocksource 2>/dev/null))"
 gcc -O2 -pthread -o "$W/seq_contention" "$HERE/seq_contention.c" || exit 1
 for t in 1 2 4 8; do
     "$W/seq_contention" "$t" 0
