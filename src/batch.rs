@@ -74,12 +74,13 @@ impl Body {
         }
     }
 
-    /// Appends a record other than an event, encoded with `enc`.
+    /// Appends a record (an event goes through `put_event`), encoded with `enc` unless it is an
+    /// event left for the writing end.
     pub fn put(&mut self, enc: &mut Encoder, rec: &Record) {
         match self {
             Body::Bytes(b) => enc.encode(rec, b),
             Body::Items(it) => match rec {
-                Record::Event(e) => it.list.push(Item::Event(*e)),
+                Record::Event(e) => self.put_event(enc, *e),
                 _ => {
                     enc.encode(rec, &mut it.side);
                     it.list.push(Item::Encoded(it.side.len()));
@@ -88,12 +89,16 @@ impl Body {
         }
     }
 
-    /// Appends an event: encoded with `enc` now, or left for `encode` on the writing end.
-    /// `enc`'s event state is only advanced when it encodes: see `start_items`.
+    /// Appends an event: encoded with `enc` now, or left for `encode` on the writing end. Either
+    /// way `enc`'s event state moves past it, so it always says where the stream stands (where
+    /// the next body starts, and where the writer goes on should it encode again).
     pub fn put_event(&mut self, enc: &mut Encoder, e: fmt::Event) {
         match self {
             Body::Bytes(b) => enc.encode_event(&e, b),
-            Body::Items(it) => it.list.push(Item::Event(e)),
+            Body::Items(it) => {
+                it.list.push(Item::Event(e));
+                enc.set_event_state(EventState::after(&e));
+            }
         }
     }
 
@@ -155,34 +160,27 @@ mod tests {
         }
 
         // The writer: inline for the first 30 records, then items in batches of 25, each encoded
-        // by the other end's own encoder.
+        // by the other end's own encoder, then inline again from record 80 (as after a failed
+        // write): its encoder must have kept track of the events it left to the other end.
         let (mut writer_enc, mut beside_enc) = (Encoder::new(), Encoder::new());
         let (mut out, mut encoded) = (Vec::new(), Vec::new());
         let mut body = Body::Bytes(Vec::new());
-        let mut state = EventState::default();
+        let mut hand_over = |body: Body, out: &mut Vec<u8>| match body {
+            Body::Bytes(b) => out.extend_from_slice(&b),
+            Body::Items(it) => {
+                it.encode(&mut beside_enc, &mut encoded);
+                out.extend_from_slice(&encoded);
+            }
+        };
         for (n, r) in records.iter().enumerate() {
-            if n == 30 || (n > 30 && (n - 30) % 25 == 0) {
-                match std::mem::replace(&mut body, Body::Items(Items::default())) {
-                    Body::Bytes(b) => out.extend_from_slice(&b),
-                    Body::Items(it) => {
-                        it.encode(&mut beside_enc, &mut encoded);
-                        out.extend_from_slice(&encoded);
-                    }
-                }
-                body.start_items(state);
+            if n == 30 || n == 55 || n == 80 {
+                let next = if n == 80 { Body::Bytes(Vec::new()) } else { Body::Items(Items::default()) };
+                hand_over(std::mem::replace(&mut body, next), &mut out);
+                body.start_items(writer_enc.event_state());
             }
-            match r {
-                Record::Event(e) => {
-                    body.put_event(&mut writer_enc, *e);
-                    state = EventState::after(e);
-                }
-                _ => body.put(&mut writer_enc, r),
-            }
+            body.put(&mut writer_enc, r);
         }
-        if let Body::Items(it) = &body {
-            it.encode(&mut beside_enc, &mut encoded);
-            out.extend_from_slice(&encoded);
-        }
+        hand_over(body, &mut out);
         assert_eq!(out, inline);
     }
 }

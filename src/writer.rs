@@ -9,7 +9,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpumemtrace_format::{self as fmt, Encoder, EventState, Record};
+use gpumemtrace_format::{self as fmt, Encoder, Record};
 use rustc_hash::FxHashSet;
 
 use crate::aggregate::{Aggregate, Call};
@@ -52,8 +52,6 @@ pub struct Writer {
     /// What the next write takes: encoded records, or, once the sink encodes events beside the
     /// writer, records in order with the events left as they are (see `batch`).
     body: Body,
-    /// The event deltas after the last event put in `body` (where the next body starts).
-    last_event: EventState,
     start_ns: u64,
     /// Stack ids by the hot path's key (`record::Stack`): already a hash, not hashed again.
     stacks: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
@@ -120,7 +118,6 @@ impl Writer {
             path,
             enc: Encoder::new(),
             body: Body::Bytes(Vec::new()),
-            last_event: EventState::default(),
             start_ns,
             stacks: HashMap::default(),
             py_codes: HashMap::new(),
@@ -264,9 +261,6 @@ impl Writer {
     }
 
     fn put(&mut self, rec: &Record) {
-        if let Record::Event(e) = rec {
-            self.last_event = EventState::after(e);
-        }
         self.body.put(&mut self.enc, rec);
     }
 
@@ -320,7 +314,6 @@ impl Writer {
             total_reserved: ev.total_reserved,
         };
         self.body.put_event(&mut self.enc, event);
-        self.last_event = EventState::after(&event);
         if let Some(live_bytes) = failure_live {
             self.put(&Record::AggFailure(fmt::AggFailure { device: ev.device, live_bytes }));
         }
@@ -549,14 +542,12 @@ impl Writer {
         let at = self.committable();
         self.handed = at;
         let body = std::mem::replace(&mut self.body, Body::Bytes(Vec::new()));
-        let r = self.sink.write(Batch { body, at, events: self.events }, wait, busy);
-        // The next body goes on from the last event, whichever end encodes it (after a failed
-        // write, the writer, in bytes).
-        self.enc.set_event_state(self.last_event);
-        match r {
+        // The writer's encoder says where the event stream stands (`Body::put_event`): the next
+        // body goes on from there, whichever end encodes it (after a failed write, the writer).
+        match self.sink.write(Batch { body, at, events: self.events }, wait, busy) {
             Ok(body) => {
                 self.body = body;
-                self.body.start_items(self.last_event);
+                self.body.start_items(self.enc.event_state());
                 Ok(())
             }
             Err(e) => Err(self.lost(e)),
