@@ -1,5 +1,6 @@
-//! Time and order: the clock every record is stamped with, the process-wide sequence number
-//! that orders calls across threads, and the count of tracer starts. Depends on nothing.
+//! Time and order: the clock every record is stamped with, the order keys that order calls
+//! across threads (the timestamps themselves, where the clock can), and the count of tracer
+//! starts. Depends on nothing.
 //!
 //! The clock is CLOCK_MONOTONIC in nanoseconds. Where the CPU's time-stamp counter is invariant
 //! and the kernel itself keeps time with it (its clocksource is `tsc`, which it chose only after
@@ -183,21 +184,79 @@ pub fn refine() {
 }
 
 /// The order in which calls happened, across threads. Threads hand events over in whatever
-/// order they get to the channel, which can differ: thread A frees X, thread B's allocation gets
-/// X back, and B's event may reach the channel first. So each event takes a number at the moment
-/// that orders it — a free before its real call, an allocation after its real call returned —
-/// and the writer writes events in that order.
+/// order they get to their rings, which can differ from the order of the calls: thread A frees X,
+/// thread B's allocation gets X back, and B's event may reach the writer first. So each event
+/// takes an order key at the moment that orders it (a free before its real call, an allocation
+/// after its real call returned) and the writer writes events in key order.
 ///
-/// Every hook of every thread takes a number: the counter has cache lines of its own, or each
+/// The key is the event's own timestamp wherever the clock can order calls: the counter above
+/// (the kernel checked that all CPUs' counters agree before choosing it) or a CLOCK_MONOTONIC of
+/// nanosecond resolution (monotonic across CPUs by the kernel's promise). Two calls ordered by a
+/// real call between them are at least tens of nanoseconds apart, so their keys differ and
+/// agree with their order; no shared counter is written (a process-wide `fetch_add` was what
+/// eight threads waited for: 290 ns an operation on the H100 host, docs/performance.md). Where
+/// the clock is coarse (a jiffies clocksource: milliseconds), the key is a process-wide number
+/// as before. Either way the key is taken after the thread marked its ring as stamping
+/// (`Journal::enter`), which is what lets the writer know when no smaller key can still come
+/// (`horizon`).
+static BY_TIME: AtomicBool = AtomicBool::new(false);
+/// The process-wide number where keys are not timestamps; it has cache lines of its own, or each
 /// increment would take away from other threads the lines of whatever the linker put beside it.
 static SEQ: CachePadded<AtomicU64> = CachePadded::new(AtomicU64::new(0));
 
+/// An event's order key and timestamp, read after its thread's stamping mark (the mark's locked
+/// instruction has made the mark visible to every CPU; the fence keeps the clock read after it).
 #[link_section = ".text.hot.gpumemtrace"]
-pub fn next_seq() -> u64 {
-    SEQ.fetch_add(1, SeqCst)
+pub fn stamp() -> (u64, u64) {
+    if BY_TIME.load(Relaxed) {
+        fenced();
+        let t = now_ns();
+        return (t, t);
+    }
+    (SEQ.fetch_add(1, SeqCst), now_ns())
 }
 
-/// In a forked child: the child's writer expects its numbers from 0.
+/// On the writer, before it reads the marks: a key that no event stamped from now on is below
+/// (the marks are read after this, behind a fence). With numbered keys, the next number.
+pub fn horizon() -> u64 {
+    if BY_TIME.load(Relaxed) {
+        fenced();
+        let t = now_ns();
+        fenced();
+        fence(SeqCst);
+        return t;
+    }
+    let n = SEQ.load(SeqCst);
+    fence(SeqCst);
+    n
+}
+
+/// Keeps the time-stamp counter's read from running ahead of earlier instructions (and, after
+/// it, later ones from running ahead of it): `rdtsc` alone is not ordered. `clock_gettime`
+/// orders its own read.
+#[inline(always)]
+fn fenced() {
+    #[cfg(target_arch = "x86_64")]
+    if TSC.load(Relaxed) {
+        // SAFETY: lfence exists on every x86-64 CPU.
+        unsafe { core::arch::x86_64::_mm_lfence() };
+    }
+}
+
+/// Whether keys are timestamps (see `BY_TIME`).
+pub fn keys_are_times() -> bool {
+    BY_TIME.load(Relaxed)
+}
+
+/// Whether CLOCK_MONOTONIC resolves nanoseconds.
+fn fine_clock() -> bool {
+    let mut res = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_getres writes into the timespec we own.
+    let r = unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC, &mut res) };
+    r == 0 && res.tv_sec == 0 && res.tv_nsec <= 1
+}
+
+/// In a forked child: the child's writer starts its own numbers.
 pub fn reset_seq() {
     SEQ.store(0, SeqCst);
 }
@@ -211,8 +270,9 @@ pub fn epoch() -> u64 {
 
 /// A tracer starts: per-thread sets of keys sent to an earlier writer no longer hold; the
 /// clock is calibrated.
-pub fn new_epoch() {
+pub fn new_epoch(numbered_keys: bool) {
     calibrate();
+    BY_TIME.store(!numbered_keys && (TSC.load(SeqCst) || fine_clock()), SeqCst);
     EPOCH.fetch_add(1, SeqCst);
 }
 

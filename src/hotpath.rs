@@ -19,7 +19,7 @@ use gpumemtrace_format::{event_flags, Op};
 use crate::cuda::{C10Device, Status, C10_CUDA, SUCCESS};
 use crate::guard::Guard;
 use crate::record::{RawEvent, Stack};
-use crate::{clock, resolve, selftime, tracer, unwind};
+use crate::{resolve, selftime, tracer, unwind};
 
 /// A call of API number `api` (its index in the hook table) that allocates or frees (`op`).
 // Not in the hot section: one copy per hooked function (some 30), most never called in a
@@ -32,28 +32,35 @@ pub fn traced(api: u32, op: Op, call: impl FnOnce() -> Status, describe: impl Fn
     if tracer::is_off() {
         return call();
     }
-    // A free is ordered (numbered and timed) before its real call, an allocation after it: then
-    // an address freed on one thread and handed out again on another is always written free
-    // first (see `clock::next_seq`). Free lines of the table do not read the result.
+    // A free is ordered (stamped: order key and time) before its real call, an allocation after
+    // it: then an address freed on one thread and handed out again on another is always written
+    // free first (see `clock::stamp`). Free lines of the table do not read the result. A free's
+    // stamp holds its ring's mark across the real call (the writer waits for it, as for any
+    // stamped event not handed over yet).
     let is_free = matches!(op, Op::Free);
-    let mut before = None;
     if is_free {
-        match catch_unwind(AssertUnwindSafe(|| describe(SUCCESS).map(|f| (f, numbered(), clock::now_ns())))) {
+        let mut before = None;
+        match catch_unwind(AssertUnwindSafe(|| {
+            let fields = describe(SUCCESS)?;
+            tracer::ensure_started().then(|| (fields, tracer::stamp()))
+        })) {
             Ok(b) => before = b,
             Err(_) => tracer::disable("internal error while describing a free"),
         }
         let calling = selftime::mark();
         let result = call();
         let returned = selftime::mark();
-        if let Some((fields, seq, time)) = before {
+        if let Some((fields, stamp)) = before {
             if result == SUCCESS {
                 // A free needs no stack (the allocation's says what the memory was for), only the
                 // bit that says whether Python code freed it, as a block free. A failed free
                 // keeps its stacks: a report shows where the bad free came from.
-                report_panic(catch_unwind(AssertUnwindSafe(|| free_without_stack(&guard, api, fields, seq, time))));
+                report_panic(catch_unwind(AssertUnwindSafe(|| free_without_stack(&guard, api, fields, &stamp))));
                 count_bare(entered, calling, returned);
             } else {
-                guarded_record(&guard, api, result, fields, seq, time);
+                report_panic(catch_unwind(AssertUnwindSafe(|| {
+                    record(&guard, api, result, fields, Some(stamp));
+                })));
             }
         }
         return result;
@@ -63,7 +70,7 @@ pub fn traced(api: u32, op: Op, call: impl FnOnce() -> Status, describe: impl Fn
     let returned = selftime::mark();
     let recorded = catch_unwind(AssertUnwindSafe(|| {
         if let Some(fields) = describe(result) {
-            let marks = record(&guard, api, result, fields, numbered(), clock::now_ns());
+            let marks = record(&guard, api, result, fields, None);
             count_stacked(entered, calling, returned, marks);
         }
     }));
@@ -118,23 +125,19 @@ pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: O
         totals: (allocated, reserved),
     };
     if size < 0 {
-        // A free needs no stack: numbered and timed before the block can be handed out again,
-        // with one bit saying whether the program (not the interpreter's shutdown) freed it.
-        let recorded = catch_unwind(AssertUnwindSafe(|| {
-            let (seq, time) = (numbered(), clock::now_ns());
-            (seq, time, python_flag(&guard))
-        }));
+        // A free needs no stack: stamped before the block can be handed out again, with one bit
+        // saying whether the program (not the interpreter's shutdown) freed it.
+        let recorded = catch_unwind(AssertUnwindSafe(|| tracer::ensure_started().then(|| (tracer::stamp(), python_flag(&guard)))));
         let calling = selftime::mark();
         forward();
         let returned = selftime::mark();
         match recorded {
-            Ok((seq, time, flags)) => report_panic(catch_unwind(AssertUnwindSafe(|| {
-                if tracer::ensure_started() {
-                    let device = fields.device.unwrap_or(-1);
-                    tracer::submit(bare_event(&guard, apis.1, SUCCESS, fields, device, seq, time, flags));
-                    count_bare(entered, calling, returned);
-                }
+            Ok(Some((stamp, flags))) => report_panic(catch_unwind(AssertUnwindSafe(|| {
+                let device = fields.device.unwrap_or(-1);
+                tracer::submit(bare_event(&guard, apis.1, SUCCESS, fields, device, &stamp, flags), &stamp);
+                count_bare(entered, calling, returned);
             }))),
+            Ok(None) => {}
             Err(_) => tracer::disable("internal error while describing a block free"),
         }
         return;
@@ -143,18 +146,15 @@ pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: O
     forward();
     let returned = selftime::mark();
     report_panic(catch_unwind(AssertUnwindSafe(|| {
-        let marks = record(&guard, apis.0, SUCCESS, fields, numbered(), clock::now_ns());
+        let marks = record(&guard, apis.0, SUCCESS, fields, None);
         count_stacked(entered, calling, returned, marks);
     })));
 }
 
 #[link_section = ".text.hot.gpumemtrace"]
-fn free_without_stack(guard: &Guard, api: u32, f: Fields, seq: u64, time: u64) {
-    if !tracer::ensure_started() {
-        return;
-    }
+fn free_without_stack(guard: &Guard, api: u32, f: Fields, stamp: &tracer::Stamp) {
     let device = f.device.unwrap_or_else(resolve::current_device);
-    tracer::submit(bare_event(guard, api, SUCCESS, f, device, seq, time, python_flag(guard)));
+    tracer::submit(bare_event(guard, api, SUCCESS, f, device, stamp, python_flag(guard)), stamp);
 }
 
 /// A free's flag: whether the program's Python code made it. Only the main thread's events tell
@@ -171,12 +171,12 @@ fn python_flag(guard: &Guard) -> u32 {
 
 /// An event without stacks (`record` adds them).
 #[allow(clippy::too_many_arguments)]
-fn bare_event(guard: &Guard, api: u32, result: Status, f: Fields, device: i32, seq: u64, time: u64, flags: u32) -> RawEvent {
+fn bare_event(guard: &Guard, api: u32, result: Status, f: Fields, device: i32, stamp: &tracer::Stamp, flags: u32) -> RawEvent {
     let (tid, thread_name) = guard.identity();
     RawEvent {
-        seq,
+        seq: stamp.key,
         api,
-        time_ns: time,
+        time_ns: stamp.time,
         tid,
         result: result as u32,
         device,
@@ -193,12 +193,6 @@ fn bare_event(guard: &Guard, api: u32, result: Status, f: Fields, device: i32, s
         py_tstate: false,
         thread_name,
     }
-}
-
-fn guarded_record(guard: &Guard, api: u32, result: Status, f: Fields, seq: u64, time: u64) {
-    report_panic(catch_unwind(AssertUnwindSafe(|| {
-        record(guard, api, result, f, seq, time);
-    })));
 }
 
 #[inline(always)]
@@ -223,7 +217,7 @@ fn panicked(payload: Box<dyn std::any::Any + Send>) {
 /// stack, the native stack, the hand-off and after it (all 0 when not measuring), and whether
 /// the event has a Python stack.
 #[link_section = ".text.hot.gpumemtrace"]
-fn record(guard: &Guard, api: u32, result: Status, f: Fields, seq: u64, time: u64) -> ([u64; 4], bool) {
+fn record(guard: &Guard, api: u32, result: Status, f: Fields, stamp: Option<tracer::Stamp>) -> ([u64; 4], bool) {
     if !tracer::ensure_started() {
         return ([0; 4], false);
     }
@@ -235,7 +229,7 @@ fn record(guard: &Guard, api: u32, result: Status, f: Fields, seq: u64, time: u6
     // Python frames first: cheap, and they name the code objects the writer must describe.
     // Like native stacks, a Python stack crosses the channel once per thread; after that its key
     // alone (no allocation here, none freed on the writer's thread).
-    let py = crate::python::capture(time);
+    let py = crate::python::capture();
     let (py_key, py_tstate) = py.as_ref().map_or((0, false), |k| (k.key, k.has_tstate));
     let flags = if py_key != 0 { event_flags::PYTHON } else { 0 };
     let py = py.and_then(|k| k.full);
@@ -248,22 +242,17 @@ fn record(guard: &Guard, api: u32, result: Status, f: Fields, seq: u64, time: u6
     let python_done = selftime::mark();
     let frames = unwind::capture(tracer::max_frames(), stop);
     let native_done = selftime::mark();
-    let event = RawEvent { frames, py, py_key, py_tstate, ..bare_event(guard, api, result, f, device, seq, time, flags) };
-    tracer::submit(event);
+    // An allocation is stamped now, after its stacks: any time after its real call returned
+    // orders it (the program cannot free the memory before the hook returns), and its ring's
+    // mark then spans only the hand-over.
+    let stamp = stamp.unwrap_or_else(tracer::stamp);
+    let event = RawEvent { frames, py, py_key, py_tstate, ..bare_event(guard, api, result, f, device, &stamp, flags) };
+    tracer::submit(event, &stamp);
+    drop(stamp);
     if !known.is_empty() {
         crate::python::remember(&known);
     }
     ([started, python_done, native_done, selftime::mark()], py_key != 0)
-}
-
-/// The call's sequence number (`clock::next_seq`), timed under `GPUMEMTRACE_SELF_TIME` (see
-/// `selftime::Sub::Number`): the one write every hook of every thread makes to a shared line.
-#[inline(always)]
-fn numbered() -> u64 {
-    let m = selftime::mark();
-    let seq = clock::next_seq();
-    selftime::add(selftime::Sub::Number, m);
-    seq
 }
 
 /// What a call did, as the table line describes it.

@@ -17,7 +17,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use gpumemtrace_format::PhaseOp;
 
 use crate::record::RawPhase;
-use crate::{clock, tracer};
+use crate::tracer;
 
 /// Records a phase boundary on the calling thread.
 pub fn record(op: PhaseOp, name: &str) {
@@ -25,13 +25,9 @@ pub fn record(op: PhaseOp, name: &str) {
         return;
     }
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        tracer::submit_phase(RawPhase {
-            seq: clock::next_seq(),
-            time_ns: clock::now_ns(),
-            tid: crate::thread::thread_id(),
-            op,
-            name: name.to_owned(),
-        })
+        let name = name.to_owned();
+        let stamp = tracer::stamp();
+        tracer::submit_phase(RawPhase { seq: stamp.key, time_ns: stamp.time, tid: crate::thread::thread_id(), op, name }, &stamp)
     }));
 }
 

@@ -11,7 +11,7 @@ use std::fs::OpenOptions;
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering::*};
 
 use crossbeam_utils::CachePadded;
 use gpumemtrace_format::journal::{self as j, header, ring};
@@ -39,17 +39,27 @@ pub fn commits() -> u64 {
     COMMITS.load(Acquire)
 }
 
-/// Whether this process registered for `membarrier`'s private expedited command: then a hook
-/// marks its ring busy with a plain store, and the rare side (the exit drain) pays for the
-/// barrier instead, by interrupting every CPU that runs one of our threads (an asymmetric
-/// fence: a locked instruction per event was a tenth of a warm event's cost).
-static MEMBARRIER: AtomicBool = AtomicBool::new(false);
-const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
-const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+/// The shared ring's mark: how many of the threads that share it are between their stamp and
+/// their hand-over (their own marks would be one word written by many threads anyway).
+static SHARED_IN_FLIGHT: CachePadded<AtomicU32> = CachePadded::new(AtomicU32::new(0));
 
-fn membarrier(cmd: libc::c_long) -> bool {
-    // SAFETY: membarrier takes no pointers; an unknown command (an old kernel) fails with EINVAL.
-    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0 as libc::c_long, 0 as libc::c_long) == 0 }
+/// A thread's mark, as `enter` set it: what `leave` does.
+#[derive(Clone, Copy, Debug)]
+pub enum Mark {
+    /// The thread's own ring; its generation before `enter`.
+    Own(usize, u32),
+    Shared,
+    /// The mark was already set (a signal handler's call inside an outer one): `leave` leaves
+    /// it to the outer call.
+    Nested,
+}
+
+/// How the writer saw a ring's mark (`Journal::stamping`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seen {
+    Idle,
+    /// Stamping: generation (own ring), or the count of threads in flight (shared ring).
+    Busy(u32),
 }
 
 pub struct Journal {
@@ -121,8 +131,6 @@ impl Journal {
             return Err(e);
         }
         let jn = Journal { base: base.cast(), len, path };
-        // Per process image and per fork (a child's memory is new): done by every tracer start.
-        MEMBARRIER.store(membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED), SeqCst);
         jn.bytes(0, j::MAGIC);
         jn.u32(header::VERSION).store(j::VERSION, Relaxed);
         jn.u32(header::RINGS).store(RINGS as u32, Relaxed);
@@ -181,36 +189,103 @@ impl Journal {
         self.u32(Self::control(i, ring::BUSY))
     }
 
-    /// The owner of ring `i` (not the shared one) starts handing an event over: its mark is
-    /// visible to `any_busy` before anything the caller reads afterwards (the tracer's state).
-    /// The mark is the owner's own cache line: no line shared between threads. Returns what
-    /// `leave` restores (a signal handler's nested call finds the outer call's mark).
+    /// The calling thread, which hands its events to ring `i`, is about to take an order key
+    /// (`clock::stamp`) and stays marked until its event is in the ring (`leave`). The mark is
+    /// a generation, odd while stamping, on the owner's own cache line (no line shared between
+    /// threads); it is set with a locked instruction, so it is visible to every CPU before the
+    /// clock is read. The writer reads the marks after its own clock read (`Writer::drain`): a
+    /// ring idle then can only stamp later keys, and a busy one is waited for until its
+    /// generation moves on. Also what the exit drain waits for (`any_busy`).
     #[link_section = ".text.hot.gpumemtrace"]
-    pub fn enter(&self, i: usize) -> u32 {
+    pub fn enter(&self, i: usize) -> Mark {
+        if i == SHARED {
+            SHARED_IN_FLIGHT.fetch_add(1, SeqCst);
+            return Mark::Shared;
+        }
         let b = self.busy(i);
-        if MEMBARRIER.load(Relaxed) {
-            let before = b.load(Relaxed); // only the owner writes it
-            b.store(before + 1, Relaxed);
-            compiler_fence(SeqCst); // the CPU's reordering is `any_busy`'s membarrier's to undo
-            before
-        } else {
-            b.fetch_add(1, SeqCst)
+        loop {
+            let g = b.load(Relaxed); // only the owner (and its signal handlers) write it
+            if g & 1 == 1 {
+                return Mark::Nested;
+            }
+            // A compare-exchange, not a store: a signal handler's nested call between the load
+            // and here moved the generation on; its value is then read again.
+            if b.compare_exchange(g, g.wrapping_add(1), SeqCst, Relaxed).is_ok() {
+                return Mark::Own(i, g);
+            }
         }
     }
 
+    /// The order key the thread took after `enter` (`mark`): the writer need not wait for the
+    /// event itself to write everything before it (a thread that waits for room in its ring,
+    /// or a free inside its real call, holds back only what comes after it).
     #[link_section = ".text.hot.gpumemtrace"]
-    pub fn leave(&self, i: usize, before: u32) {
-        self.busy(i).store(before, Release);
+    pub fn note_key(&self, mark: Mark, key: u64) {
+        if let Mark::Own(i, g) = mark {
+            self.u64(Self::control(i, ring::STAMP_KEY)).store(key, Release);
+            self.u32(Self::control(i, ring::STAMP_GEN)).store(g.wrapping_add(1), Release);
+        }
     }
 
-    /// Whether any ring's owner is handing an event over, as seen after a full barrier on every
-    /// thread of the process: call it after changing what `enter`'s callers read next.
-    pub fn any_busy(&self) -> bool {
-        if !(MEMBARRIER.load(SeqCst) && membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)) {
-            // Unregistered, the marks were made with locked instructions: a fence here suffices.
-            fence(SeqCst);
+    /// On the writer: the key of ring `i`'s event in progress, if its owner (seen stamping in
+    /// generation `was`) has taken it.
+    pub fn stamped_key(&self, i: usize, was: u32) -> Option<u64> {
+        if i == SHARED || self.u32(Self::control(i, ring::STAMP_GEN)).load(Acquire) != was {
+            return None;
         }
-        (0..RINGS).any(|i| self.busy(i).load(SeqCst) != 0)
+        let key = self.u64(Self::control(i, ring::STAMP_KEY)).load(Relaxed);
+        // The key read belongs to `was` only if the generation is still `was` (the owner may
+        // have left and noted the next one's key meanwhile).
+        fence(Acquire);
+        (self.u32(Self::control(i, ring::STAMP_GEN)).load(Relaxed) == was).then_some(key)
+    }
+
+    /// Ends what `enter` began: everything the thread wrote to its ring is published before
+    /// (Release) the generation moves on.
+    #[link_section = ".text.hot.gpumemtrace"]
+    pub fn leave(&self, mark: Mark) {
+        match mark {
+            Mark::Own(i, g) => self.busy(i).store(g.wrapping_add(2), Release),
+            Mark::Shared => {
+                SHARED_IN_FLIGHT.fetch_sub(1, SeqCst);
+            }
+            Mark::Nested => {}
+        }
+    }
+
+    /// On the writer, after `clock::horizon`: whether ring `i`'s producer (or, for the shared
+    /// ring, any of its producers) is stamping or handing over.
+    pub fn stamping(&self, i: usize) -> Seen {
+        let v = if i == SHARED { SHARED_IN_FLIGHT.load(SeqCst) } else { self.busy(i).load(SeqCst) };
+        let busy = if i == SHARED { v != 0 } else { v & 1 == 1 };
+        if busy {
+            Seen::Busy(v)
+        } else {
+            Seen::Idle
+        }
+    }
+
+    /// Whether a producer seen `Busy(v)` on ring `i` has since handed its event over (its entry
+    /// is then in the ring). The shared ring's count says so only when it falls to zero:
+    /// another thread may have entered meanwhile.
+    pub fn moved_on(&self, i: usize, was: u32) -> bool {
+        if i == SHARED {
+            SHARED_IN_FLIGHT.load(Acquire) == 0
+        } else {
+            self.busy(i).load(Acquire) != was
+        }
+    }
+
+    /// Whether any ring's producer is stamping or handing an event over, as seen after a full
+    /// barrier: call it after changing what `enter`'s callers read next (the tracer's state).
+    pub fn any_busy(&self) -> bool {
+        fence(SeqCst);
+        (0..RINGS).any(|i| self.stamping(i) != Seen::Idle)
+    }
+
+    /// In a forked child: no thread of the child is inside a hand-over.
+    pub fn reset_shared_mark() {
+        SHARED_IN_FLIGHT.store(0, SeqCst);
     }
 
     /// The thread that owned ring `i` is gone; what it wrote stays for the writer.

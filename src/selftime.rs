@@ -75,18 +75,18 @@ fn stripe() -> Option<&'static Stripe> {
 
 /// Parts of the native stack's time (src/fastunwind.rs): evaluating unwind rules, finding how a
 /// frame uses rbp (a second, poisoned evaluation), and checking the memo of the previous walk;
-/// and, counted in the parts above, taking the process-wide sequence number (`clock::next_seq`),
-/// one cache line every thread writes: what threads cost each other.
+/// and, counted in the parts above, stamping the event (`tracer::stamp`: the ring's mark, a
+/// locked instruction on the thread's own line, and the clock read behind a fence).
 #[derive(Clone, Copy)]
 pub enum Sub {
     Rule = 0,
     Classify = 1,
     Memo = 2,
-    Number = 3,
+    Stamp = 3,
 }
 const SUBS: usize = 4;
 const NATIVE_SUBS: usize = 3;
-const SUB_NAMES: [&str; SUBS] = ["rules", "rbp use", "memo checks", "sequence numbers"];
+const SUB_NAMES: [&str; SUBS] = ["rules", "rbp use", "memo checks", "order stamps"];
 
 /// Adds the time since `since` (a `mark`) to `sub`; returns the mark it took (0 when off).
 #[inline]
@@ -230,11 +230,12 @@ pub fn report() -> Option<String> {
     if !subs.is_empty() {
         lines.push(format!("native stacks: {}", subs.join(", ")));
     }
-    if let Some(numbers) = sub(Sub::Number as usize) {
-        lines.push(format!("of all parts: {numbers}"));
+    if let Some(stamps) = sub(Sub::Stamp as usize) {
+        lines.push(format!("of all parts: {stamps}"));
     }
     if !lines.is_empty() {
-        lines.push(format!("hooks read the time with {}", crate::clock::describe()));
+        let keys = if crate::clock::keys_are_times() { "timestamps" } else { "process-wide numbers" };
+        lines.push(format!("hooks read the time with {}, and order events by {keys}", crate::clock::describe()));
     }
     (!lines.is_empty()).then(|| format!("self time (GPUMEMTRACE_SELF_TIME): {}", lines.join("; ")))
 }

@@ -66,9 +66,6 @@ fn to_host_stderr(line: &str) {
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 /// Leaked on purpose: hooks may run on any thread until the very end of the process.
 static TRACER: AtomicPtr<Tracer> = AtomicPtr::new(null_mut());
-/// Hooks of threads without a ring of their own between "checked the state" and "handed the
-/// event over" (the others mark their ring busy): the exit drain waits for them.
-static IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
 static MAX_FRAMES: AtomicUsize = AtomicUsize::new(crate::config::DEFAULT_FRAMES);
 static ONCE_PER_IMAGE: AtomicBool = AtomicBool::new(false);
 static WARNED: AtomicBool = AtomicBool::new(false);
@@ -150,16 +147,53 @@ pub fn ensure_started() -> bool {
     !is_off()
 }
 
-/// Hands an event to the writer.
+/// An event's order key and time (`clock::stamp`), taken with the calling thread's ring marked
+/// as stamping (`Journal::enter`): the writer writes nothing with a later key until the event is
+/// in the ring, which is when the stamp is dropped (the mark is left then, on every path).
+pub struct Stamp {
+    pub key: u64,
+    pub time: u64,
+    held: Option<(&'static Journal, usize, ring::Mark)>,
+}
+
+impl Drop for Stamp {
+    fn drop(&mut self) {
+        if let Some((journal, _, mark)) = self.held.take() {
+            journal.leave(mark);
+        }
+    }
+}
+
+/// Stamps an event of the calling thread (see `Stamp`). Where the tracer is not running, only
+/// the key and time (nothing would be handed over).
 #[link_section = ".text.hot.gpumemtrace"]
-pub fn submit(ev: RawEvent) {
+pub fn stamp() -> Stamp {
+    let held = match STATE.load(SeqCst) {
+        RUNNING | DIRECT => tracer().map(|t| {
+            let ring = my_ring(t);
+            (t.journal, ring, t.journal.enter(ring))
+        }),
+        _ => None,
+    };
+    let m = crate::selftime::mark();
+    let (key, time) = crate::clock::stamp();
+    if let Some((journal, _, mark)) = held {
+        journal.note_key(mark, key);
+    }
+    crate::selftime::add(crate::selftime::Sub::Stamp, m);
+    Stamp { key, time, held }
+}
+
+/// Hands an event to the writer; `stamp` is the one its key and time came from.
+#[link_section = ".text.hot.gpumemtrace"]
+pub fn submit(ev: RawEvent, stamp: &Stamp) {
     // Counted only when a test asks for it: no shared counter on the hot path.
     let panic_at = TEST_PANIC_AT.load(Relaxed);
     if panic_at != 0 && SUBMITTED.fetch_add(1, SeqCst) + 1 == panic_at {
         panic!("GPUMEMTRACE_TEST_PANIC_AT={panic_at}: deliberate panic for testing");
     }
     // Borrowed, not moved into a `Msg`: the event is written from where the hook built it.
-    send(MsgRef::Event(&ev));
+    send(MsgRef::Event(&ev), stamp);
 }
 
 /// Phase records before the tracer started: kept (bounded) so the first events get their phase,
@@ -167,8 +201,8 @@ pub fn submit(ev: RawEvent) {
 static EARLY_PHASES: Mutex<Vec<RawPhase>> = Mutex::new(Vec::new());
 const EARLY_PHASES_MAX: usize = 4096;
 
-/// Hands a phase boundary to the writer.
-pub fn submit_phase(p: RawPhase) {
+/// Hands a phase boundary to the writer; `stamp` is the one its key and time came from.
+pub fn submit_phase(p: RawPhase, stamp: &Stamp) {
     match STATE.load(SeqCst) {
         UNINIT | STARTING => {
             let mut early = EARLY_PHASES.lock().unwrap_or_else(|e| e.into_inner());
@@ -177,7 +211,7 @@ pub fn submit_phase(p: RawPhase) {
             }
         }
         OFF => {}
-        _ => send(MsgRef::Phase(&p)),
+        _ => send(MsgRef::Phase(&p), stamp),
     }
 }
 
@@ -239,13 +273,18 @@ fn wait_for_doorbell(seen: u32, timeout: Duration) {
 }
 
 #[link_section = ".text.hot.gpumemtrace"]
-fn send(msg: MsgRef) {
+fn send(msg: MsgRef, stamp: &Stamp) {
     let Some(t) = tracer() else { return };
-    let ring = my_ring(t);
-    // Marked before the state is read (see `Journal::enter`): the exit drain, which changes
-    // the state first and then waits for marks, cannot miss this event. A thread's own ring
-    // has its own mark (no cache line shared with other threads).
-    let before = if ring == ring::SHARED { IN_FLIGHT.fetch_add(1, SeqCst) } else { t.journal.enter(ring) };
+    // The ring marked when the event was stamped; an event stamped before the tracer ran marks
+    // its ring now. Marked before the state is read: the exit drain, which changes the state
+    // first and then waits for marks, cannot miss this event.
+    let (ring, mark) = match stamp.held {
+        Some((journal, ring, _)) if std::ptr::eq(journal, t.journal) => (ring, None),
+        _ => {
+            let ring = my_ring(t);
+            (ring, Some(t.journal.enter(ring)))
+        }
+    };
     let state = STATE.load(SeqCst);
     if let RUNNING | DIRECT = state {
         if catch_unwind_silent(|| push(t, ring, msg)).is_none() {
@@ -255,10 +294,8 @@ fn send(msg: MsgRef) {
             write_direct(t);
         }
     }
-    if ring == ring::SHARED {
-        IN_FLIGHT.fetch_sub(1, SeqCst);
-    } else {
-        t.journal.leave(ring, before);
+    if let Some(mark) = mark {
+        t.journal.leave(mark);
     }
 }
 
@@ -451,7 +488,7 @@ fn open(config: &Config) -> Result<Tracer, String> {
     let early = std::mem::take(&mut *EARLY_PHASES.lock().unwrap_or_else(|e| e.into_inner()));
     let writer = Writer::create(file, path.clone(), crate::clock::now_ns(), config, early, Some(journal))
         .map_err(|e| format!("cannot write trace file {}: {e}", path.display()))?;
-    crate::clock::new_epoch();
+    crate::clock::new_epoch(config.test_numbered_keys);
     TEST_PANIC_AT.store(config.test_panic_at, SeqCst);
     let writer_delay = Duration::from_micros(config.test_writer_delay_us);
     let announce = !config.quiet;
@@ -589,7 +626,7 @@ fn write_out(t: &Tracer, final_: bool) {
     let mut w = lock(&t.writer);
     loop {
         let read = w.drain().unwrap_or(0);
-        if IN_FLIGHT.load(SeqCst) == 0 && !t.journal.any_busy() && read == 0 {
+        if !t.journal.any_busy() && read == 0 {
             break;
         }
         if t0.elapsed() > Duration::from_secs(2) {
@@ -641,7 +678,7 @@ extern "C" fn in_forked_child() {
         // `Writer::own_descriptor`), and it closes on exec.
         unsafe { (*old).journal.unmap() };
     }
-    IN_FLIGHT.store(0, SeqCst);
+    ring::Journal::reset_shared_mark();
     crate::clock::reset_seq();
     WARNED.store(false, SeqCst);
     STATE.store(UNINIT, SeqCst);

@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::modules::{loaded_objects, Object};
 use crate::table::{ALL, HOOKS};
 use crate::record::{CodeInfo, Msg, PyCapture, RawEvent, RawPhase, RawPyFrame, Stack};
-use crate::ring::{Journal, RINGS};
+use crate::ring::{Journal, Seen, RINGS};
 use crate::sink::{Batch, Body, Sink};
 use gpumemtrace_format::journal::{self as jfmt, dict};
 
@@ -82,20 +82,36 @@ pub struct Writer {
     read_pos: [u64; RINGS],
     /// Where the rings will stand once the batches handed to the sink are written.
     handed: [u64; RINGS],
-    /// The sequence number to write next.
-    next_seq: u64,
-    /// Since when the next number has been missing (a thread between numbering and hand-over).
-    gap_since: Option<Instant>,
+    /// Messages with keys below this are all read (or given up on): they are written.
+    horizon: u64,
+    /// Keys below this have been written from the queue.
+    released: u64,
+    /// The ring (and its generation) that holds the horizon back, since when (`advance`).
+    binding: Option<(usize, u32, Instant)>,
+    /// Horizons moved past rings still stamping (given up after `GAP_WAIT`), and messages read
+    /// with a key already below the horizon (written late: out of call order).
+    gave_up: u64,
+    late: u64,
+    /// A ring's generation the writer gave up waiting for (a thread stopped inside a hook): not
+    /// waited for again.
+    abandoned: [Option<u32>; RINGS],
     /// Aggregate mode (`Config::aggregate`): successful calls go into summaries, not records.
     agg: Option<Aggregate>,
     backward: Backward,
 }
 
-/// A missing number is waited for this long, or while fewer than `MAX_PENDING` messages queue
-/// behind it; then the writer goes on without it (it comes later, out of order, or never: a
-/// thread that stopped tracing after numbering its call).
+/// A stamping ring is waited for this long, or while fewer than `MAX_PENDING` messages queue
+/// behind it; then the writer goes on without its event (it comes later, out of order, or never:
+/// a thread stopped inside a hook). A free holds its mark across its real call, which can take
+/// this long (`cudaFree` waits for the device).
 const GAP_WAIT: Duration = Duration::from_millis(2);
 const MAX_PENDING: usize = 65536;
+/// Passes a drain makes at most, and the messages a pass reads that call for another.
+const PASSES: usize = 4;
+const BUSY_PASS: usize = 512;
+/// How long the writer spins for a stamping ring before leaving it to a later pass: most
+/// hand-overs take well under a microsecond.
+const SPIN_WAIT: Duration = Duration::from_micros(20);
 
 impl Writer {
     /// Writes the header, the process, the hook table and the current module map.
@@ -133,8 +149,12 @@ impl Writer {
             last_flush: Instant::now(),
             waiting: Waiting::default(),
             entry: Vec::new(),
-            next_seq: 0,
-            gap_since: None,
+            horizon: 0,
+            released: 0,
+            binding: None,
+            abandoned: [None; RINGS],
+            gave_up: 0,
+            late: 0,
             journal,
             read_pos: [0; RINGS],
             handed: [0; RINGS],
@@ -167,36 +187,123 @@ impl Writer {
         let Some(jn) = self.journal else { return Ok(0) };
         self.watch_modules()?;
         crate::clock::refine();
+        // Messages read in a pass wait for the next pass's horizon: a few passes while much
+        // comes in keep that wait (and the ring space it holds) short.
+        let mut n = 0;
+        for _ in 0..PASSES {
+            // How far keys are complete, found before the rings are read (see `advance`).
+            self.advance(jn);
+            let read = self.read_pass(jn)?;
+            self.release(false)?;
+            n += read;
+            if read < BUSY_PASS {
+                break;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Reads every ring up to what the hooks published: messages below the horizon are written
+    /// now where nothing can come between them, the others queue (`release`).
+    fn read_pass(&mut self, jn: &'static Journal) -> io::Result<usize> {
+        // One ring with news and nothing waiting (one busy thread): its messages up to the
+        // horizon are written as they are read, without queueing.
+        let with_news = (0..RINGS).filter(|&i| jn.head(i) > self.read_pos[i]).count();
         let (mut n, mut r) = (0, Ok(()));
         for i in 0..RINGS {
             self.read_pos[i] = jn.take(i, self.read_pos[i], |pos, payload| {
                 n += 1;
-                // A message waits for its turn as a number and a place in the ring (decoded when
-                // written: its space is not committed meanwhile); the usual case with one
-                // thread, the next number with nothing waiting, is written straight away.
-                let seq = jfmt::seq_of(payload);
-                if let Some(seq) = seq.filter(|&s| !(self.waiting.is_empty() && s == self.next_seq && r.is_ok())) {
-                    self.waiting.push(i, pos, seq, self.next_seq);
+                // A message waits for its turn as a key and a place in the ring (decoded when
+                // written: its space is not committed meanwhile).
+                let key = jfmt::seq_of(payload);
+                self.late += u64::from(key.is_some_and(|k| k < self.released));
+                if let Some(key) = key.filter(|&k| !(with_news == 1 && self.waiting.is_empty() && k < self.horizon && r.is_ok())) {
+                    self.waiting.push(i, pos, key);
                     return;
+                }
+                if let Some(k) = key {
+                    self.released = self.released.max(k + 1);
                 }
                 match jfmt::decode(payload) {
                     Ok(jfmt::Entry::Msg(msg)) => {
-                        self.next_seq = self.next_seq.max(msg.seq() + 1);
                         if r.is_ok() {
                             r = self.write_msg(msg);
                         }
                     }
                     // Code objects are described in arrival order, not call order: a
-                    // later-numbered event that arrived earlier may be the one that brought the
-                    // description an earlier-numbered one uses.
+                    // later-keyed event that arrived earlier may be the one that brought the
+                    // description an earlier-keyed one uses.
                     Ok(jfmt::Entry::Codes(codes)) => self.write_codes(codes),
                     Err(_) => self.dropped += 1, // not expected: the hooks wrote it whole
                 }
             });
         }
         r?;
-        self.release(false)?;
         Ok(n)
+    }
+
+    /// Moves the horizon: the key below which every event is in a ring already. Read the
+    /// clock's key first, then the rings' marks (`Journal::enter`): a ring idle then can only
+    /// stamp later keys from now on, and its earlier events are published. A ring stamping then
+    /// may still hand over one event: below its noted key (`Journal::note_key`) everything is
+    /// complete; before the key is noted (a few instructions), or for the shared ring, it is
+    /// waited for briefly here and else on later passes. A thread that holds the horizon back
+    /// and has been seen stamping in the same generation for `GAP_WAIT` (or while `MAX_PENDING`
+    /// messages wait) is given up on (stopped inside a hook): its event, if it ever comes, is
+    /// written late.
+    fn advance(&mut self, jn: &Journal) {
+        let now = crate::clock::horizon();
+        let mut holding: Vec<(usize, u32, Option<u64>)> = Vec::new();
+        for i in 0..RINGS {
+            let Seen::Busy(v) = jn.stamping(i) else { continue };
+            if self.abandoned[i] == Some(v) && i != crate::ring::SHARED {
+                continue;
+            }
+            let t0 = Instant::now();
+            let key = loop {
+                if jn.moved_on(i, v) {
+                    break Some(u64::MAX);
+                }
+                if let Some(k) = jn.stamped_key(i, v) {
+                    break Some(k);
+                }
+                if t0.elapsed() >= SPIN_WAIT {
+                    break None;
+                }
+                std::hint::spin_loop();
+            };
+            if key != Some(u64::MAX) {
+                holding.push((i, v, key));
+            }
+        }
+        {
+            // A key not noted yet holds the horizon where it is.
+            let bound = holding.iter().fold(now, |b, &(_, _, k)| b.min(k.unwrap_or(self.horizon)));
+            self.horizon = self.horizon.max(bound);
+            // The thread that holds the horizon back is given up on once it has done so for
+            // `GAP_WAIT` (or while `MAX_PENDING` messages wait); the next one then gets its own
+            // `GAP_WAIT`: on a crowded host many threads are descheduled inside a hook at once.
+            let Some(at) = holding.iter().position(|&(_, _, k)| k.is_none_or(|k| k <= self.horizon)) else {
+                self.binding = None;
+                return;
+            };
+            let (i, v, _) = holding[at];
+            let since = match self.binding {
+                Some((j, g, since)) if (j, g) == (i, v) => since,
+                _ => self.binding.insert((i, v, Instant::now())).2,
+            };
+            if self.waiting.len() < MAX_PENDING && since.elapsed() < GAP_WAIT {
+                return;
+            }
+            self.abandoned[i] = Some(v);
+            self.binding = None;
+            self.gave_up += 1;
+            holding.swap_remove(at);
+            // One at a time: what waited behind it is written before the next is judged.
+            let bound = holding.iter().fold(now, |b, &(_, _, k)| b.min(k.unwrap_or(self.horizon)));
+            self.horizon = self.horizon.max(bound);
+            return;
+        }
     }
 
     /// Whether a ring is filling up: then the writer writes out now, so its space returns. What
@@ -211,23 +318,17 @@ impl Writer {
         self.waiting.committable(self.read_pos)
     }
 
-    /// Writes queued messages in call order: the lowest number at the front of a queue, as long
-    /// as it is the next one. A missing number (a thread between numbering its call and handing
-    /// it over) is waited for `GAP_WAIT`, or while fewer than `MAX_PENDING` messages queue; then
-    /// the writer goes on without it (it comes later, out of order, or never: a thread that
-    /// stopped tracing after numbering its call). `all`: also past gaps (exit, fatal signal).
+    /// Writes queued messages in call order: the lowest key at the front of a queue, as long as
+    /// it is below the horizon (`advance`). A message that arrives below it after the writer
+    /// gave up waiting is written when read: late, but not lost. `all`: also past the horizon
+    /// (exit, fatal signal).
     pub fn release(&mut self, all: bool) -> io::Result<()> {
-        while let Some((ring, seq)) = self.waiting.lowest(self.next_seq) {
-            if seq > self.next_seq {
-                let waited = self.gap_since.get_or_insert_with(Instant::now).elapsed();
-                if !all && waited < GAP_WAIT && self.waiting.len() < MAX_PENDING {
-                    return Ok(());
-                }
+        while let Some((ring, key)) = self.waiting.lowest() {
+            if !all && key >= self.horizon {
+                break;
             }
-            let Some(m) = self.waiting.pop(ring, self.next_seq) else { break };
-            // Below `next_seq`: its gap was given up on; late, but not lost.
-            self.next_seq = self.next_seq.max(seq + 1);
-            self.gap_since = None;
+            let Some(m) = self.waiting.pop(ring) else { break };
+            self.released = self.released.max(key + 1);
             let Some(jn) = self.journal else { continue };
             let decoded = jn.reread(ring, m.pos, &mut self.entry, jfmt::decode);
             match decoded {
@@ -235,7 +336,6 @@ impl Writer {
                 _ => self.dropped += 1, // not expected: the hooks wrote it whole
             }
         }
-        self.gap_since = None;
         Ok(())
     }
 
@@ -472,6 +572,12 @@ impl Writer {
 
     /// Counters; `final_` marks a cleanly finished trace.
     pub fn stats(&mut self, final_: bool) {
+        if self.late > 0 {
+            let (late, gave_up) = (self.late, self.gave_up);
+            self.notice(&format!(
+                "{late} events reached the writer after later ones were written (out of call order): {gave_up} times it stopped waiting for a thread held inside a hook for more than 2 ms"
+            ));
+        }
         let fallbacks = crate::unwind::FALLBACKS.load(std::sync::atomic::Ordering::Relaxed);
         if fallbacks > 0 {
             self.notice(&format!(

@@ -281,6 +281,31 @@ fn threads_lose_nothing(threads: usize, pairs: usize, env: &[(&str, &str)]) {
     // Addresses are reused across threads all the time here: every free still finds its
     // allocation (calls are written in the order they happened, or resolved by time).
     assert_eq!(json["traces"][0]["unknown_frees"].as_array().unwrap().len(), 0);
+    // Written in call order, but for events the writer gave up waiting for (a thread
+    // descheduled inside a hook for milliseconds on this crowded host), which it counts.
+    let late: usize = t
+        .notices
+        .iter()
+        .find_map(|n| n.split_once(" events reached the writer after later ones were written").map(|(n, _)| n.parse().unwrap()))
+        .unwrap_or(0);
+    let wrong = out_of_order(&t);
+    assert!(wrong <= 2 * late, "{wrong} events out of call order, {late} counted late: {:?}", t.notices);
+}
+
+/// Events written out of call order: an allocation of an address that is live at that point of
+/// the trace, or a free of one that is not (a free freed before its allocation was written).
+fn out_of_order(t: &TraceData) -> usize {
+    let mut live = std::collections::HashSet::new();
+    let mut wrong = 0;
+    for e in t.events.iter().filter(|e| e.result == 0 && e.addr != 0) {
+        let ok = match t.api(e).op {
+            gpumemtrace_format::Op::Alloc => live.insert(e.addr),
+            gpumemtrace_format::Op::Free => live.remove(&e.addr),
+            _ => true,
+        };
+        wrong += usize::from(!ok);
+    }
+    wrong
 }
 
 #[test]

@@ -125,12 +125,13 @@ fn sym(name: &CStr) -> *mut c_void {
 /// The interpreter, if one is loaded and supported. Cheap after the first answer; while no
 /// interpreter is found, looks again at most once a second (`now_ns`: the event's time).
 #[link_section = ".text.hot.gpumemtrace"]
-fn interp(now_ns: u64) -> Option<&'static Interp> {
+fn interp() -> Option<&'static Interp> {
     match STATE.load(Acquire) {
         READY => return INTERP.get(),
         NONE => return None,
         _ => {}
     }
+    let now_ns = crate::clock::now_ns();
     let last = LAST_LOOK_NS.load(Relaxed);
     if last != 0 && now_ns.saturating_sub(last) < 1_000_000_000 {
         return None;
@@ -266,11 +267,11 @@ thread_local! {
 /// frames come with it when the writer must be told them: a code object it has not seen, or a
 /// stack this thread has not sent since the tracer started.
 #[link_section = ".text.hot.gpumemtrace"]
-pub fn capture(now_ns: u64) -> Option<Keyed> {
+pub fn capture() -> Option<Keyed> {
     if !ENABLED.load(Relaxed) {
         return None;
     }
-    let interp = interp(now_ns)?;
+    let interp = interp()?;
     // Before initialization (or after finalization) the thread-state key is not valid.
     if !initialized(interp) {
         return None;

@@ -44,13 +44,18 @@ pub mod header {
 }
 
 /// Byte offsets in a ring's control page.
-/// The producer's words (head, busy, seen) share one line, which it alone writes at every event;
+/// The producer's words (head, busy, seen, its key in progress) share one line, which it alone writes at every event;
 /// the writer's (committed) is two lines away (x86's prefetcher fetches lines in pairs).
 pub mod ring {
     /// Where the producer writes next (bytes since the ring began; only grows).
     pub const HEAD: u64 = 0;
-    /// Non-zero while the owner is inside a hand-over (the exit drain waits for it to end).
+    /// The owner's stamping generation (u32): odd from just before it takes an order key until
+    /// its entry is in the ring (the writer's horizon and the exit drain wait for it).
     pub const BUSY: u64 = 8;
+    /// The generation (u32) whose order key `STAMP_KEY` holds, once the owner has taken it.
+    pub const STAMP_GEN: u64 = 12;
+    /// The order key of the owner's entry in progress (u64).
+    pub const STAMP_KEY: u64 = 24;
     /// The committed position as the producer last read it (its own copy; readers ignore it).
     pub const SEEN: u64 = 16;
     /// Everything before this is in the trace file: the producer may reuse that space.
