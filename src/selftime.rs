@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use crossbeam_utils::CachePadded;
 
 /// Parts of a hook's added time, in the order a hook passes them: before the real call (a free
-/// is numbered and stamped first, and the event's fields), the Python stack, the native stack,
+/// is stamped first, and the event's fields), the Python stack, the native stack,
 /// the hand-off (encoding into the thread's ring, and waiting for room if it came to that), and
 /// everything else after the call (guards, device lookup, bookkeeping).
 const PARTS: usize = 5;

@@ -34,7 +34,8 @@ pub struct RawPhase {
 /// An event as the hot path captured it, before interning.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RawEvent {
-    /// The call order: see the tracer's `clock::next_seq`.
+    /// The order key: the event's timestamp where the clock resolves nanoseconds, else a
+    /// process-wide number (see the tracer's `clock::stamp`).
     pub seq: u64,
     pub api: u32,
     /// CLOCK_MONOTONIC, absolute.

@@ -190,7 +190,7 @@ impl<'a> From<&'a Msg> for MsgRef<'a> {
     }
 }
 
-/// The sequence number of an event's or a phase's entry, read without decoding it.
+/// The order key (`seq`) of an event's or a phase's entry, read without decoding it.
 pub fn seq_of(payload: &[u8]) -> Option<u64> {
     match payload.first() {
         Some(&EVENT | &PHASE) => Some(u64::from_le_bytes(payload.get(1..9)?.try_into().ok()?)),
