@@ -43,11 +43,20 @@ pub fn commits() -> u64 {
 /// their hand-over (their own marks would be one word written by many threads anyway).
 static SHARED_IN_FLIGHT: CachePadded<AtomicU32> = CachePadded::new(AtomicU32::new(0));
 
+/// The words of a ring's control page its owner writes at every event, found once per thread
+/// (`Journal::marks`): the hot path computes no offsets and checks no bounds for them.
+#[derive(Clone, Copy, Debug)]
+pub struct Marks {
+    busy: &'static AtomicU32,
+    key_gen: &'static AtomicU32,
+    key: &'static AtomicU64,
+}
+
 /// A thread's mark, as `enter` set it: what `leave` does.
 #[derive(Clone, Copy, Debug)]
 pub enum Mark {
     /// The thread's own ring; its generation before `enter`.
-    Own(usize, u32),
+    Own(Marks, u32),
     Shared,
     /// The mark was already set (a signal handler's call inside an outer one): `leave` leaves
     /// it to the outer call.
@@ -197,12 +206,12 @@ impl Journal {
     /// ring idle then can only stamp later keys, and a busy one is waited for until its
     /// generation moves on. Also what the exit drain waits for (`any_busy`).
     #[link_section = ".text.hot.gpumemtrace"]
-    pub fn enter(&self, i: usize) -> Mark {
-        if i == SHARED {
+    pub fn enter(marks: Option<Marks>) -> Mark {
+        let Some(marks) = marks else {
             SHARED_IN_FLIGHT.fetch_add(1, SeqCst);
             return Mark::Shared;
-        }
-        let b = self.busy(i);
+        };
+        let b = marks.busy;
         loop {
             let g = b.load(Relaxed); // only the owner (and its signal handlers) write it
             if g & 1 == 1 {
@@ -211,7 +220,7 @@ impl Journal {
             // A compare-exchange, not a store: a signal handler's nested call between the load
             // and here moved the generation on; its value is then read again.
             if b.compare_exchange(g, g.wrapping_add(1), SeqCst, Relaxed).is_ok() {
-                return Mark::Own(i, g);
+                return Mark::Own(marks, g);
             }
         }
     }
@@ -220,11 +229,20 @@ impl Journal {
     /// event itself to write everything before it (a thread that waits for room in its ring,
     /// or a free inside its real call, holds back only what comes after it).
     #[link_section = ".text.hot.gpumemtrace"]
-    pub fn note_key(&self, mark: Mark, key: u64) {
-        if let Mark::Own(i, g) = mark {
-            self.u64(Self::control(i, ring::STAMP_KEY)).store(key, Release);
-            self.u32(Self::control(i, ring::STAMP_GEN)).store(g.wrapping_add(1), Release);
+    pub fn note_key(mark: Mark, key: u64) {
+        if let Mark::Own(m, g) = mark {
+            m.key.store(key, Release);
+            m.key_gen.store(g.wrapping_add(1), Release);
         }
+    }
+
+    /// The marks of ring `i` (none for the shared ring, whose threads count themselves in flight).
+    pub fn marks(&'static self, i: usize) -> Option<Marks> {
+        (i != SHARED).then(|| Marks {
+            busy: self.busy(i),
+            key_gen: self.u32(Self::control(i, ring::STAMP_GEN)),
+            key: self.u64(Self::control(i, ring::STAMP_KEY)),
+        })
     }
 
     /// On the writer: the key of ring `i`'s event in progress, if its owner (seen stamping in
@@ -243,9 +261,9 @@ impl Journal {
     /// Ends what `enter` began: everything the thread wrote to its ring is published before
     /// (Release) the generation moves on.
     #[link_section = ".text.hot.gpumemtrace"]
-    pub fn leave(&self, mark: Mark) {
+    pub fn leave(mark: Mark) {
         match mark {
-            Mark::Own(i, g) => self.busy(i).store(g.wrapping_add(2), Release),
+            Mark::Own(m, g) => m.busy.store(g.wrapping_add(2), Release),
             Mark::Shared => {
                 SHARED_IN_FLIGHT.fetch_sub(1, SeqCst);
             }

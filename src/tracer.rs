@@ -158,8 +158,8 @@ pub struct Stamp {
 
 impl Drop for Stamp {
     fn drop(&mut self) {
-        if let Some((journal, _, mark)) = self.held.take() {
-            journal.leave(mark);
+        if let Some((_, _, mark)) = self.held.take() {
+            Journal::leave(mark);
         }
     }
 }
@@ -170,15 +170,15 @@ impl Drop for Stamp {
 pub fn stamp() -> Stamp {
     let held = match STATE.load(SeqCst) {
         RUNNING | DIRECT => tracer().map(|t| {
-            let ring = my_ring(t);
-            (t.journal, ring, t.journal.enter(ring))
+            let (ring, marks) = my_ring(t);
+            (t.journal, ring, Journal::enter(marks))
         }),
         _ => None,
     };
     let m = crate::selftime::mark();
     let (key, time) = crate::clock::stamp();
-    if let Some((journal, _, mark)) = held {
-        journal.note_key(mark, key);
+    if let Some((_, _, mark)) = held {
+        Journal::note_key(mark, key);
     }
     crate::selftime::add(crate::selftime::Sub::Stamp, m);
     Stamp { key, time, held }
@@ -220,6 +220,7 @@ pub fn submit_phase(p: RawPhase, stamp: &Stamp) {
 struct Claim {
     epoch: u64,
     ring: usize,
+    marks: Option<ring::Marks>,
 }
 
 impl Drop for Claim {
@@ -233,23 +234,25 @@ impl Drop for Claim {
 }
 
 thread_local! {
-    static CLAIM: RefCell<Claim> = const { RefCell::new(Claim { epoch: u64::MAX, ring: ring::SHARED }) };
+    static CLAIM: RefCell<Claim> = const { RefCell::new(Claim { epoch: u64::MAX, ring: ring::SHARED, marks: None }) };
     /// The entry being encoded (its capacity stays: the warm path allocates nothing).
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-#[link_section = ".text.hot.gpumemtrace"]
-fn my_ring(t: &Tracer) -> usize {
+/// The calling thread's ring, and its marks (none for the shared ring).
+#[inline(always)]
+fn my_ring(t: &Tracer) -> (usize, Option<ring::Marks>) {
     let epoch = crate::clock::epoch();
     CLAIM
         .try_with(|c| {
-            let Ok(mut c) = c.try_borrow_mut() else { return ring::SHARED };
+            let Ok(mut c) = c.try_borrow_mut() else { return (ring::SHARED, None) };
             if c.epoch != epoch {
-                *c = Claim { epoch, ring: t.journal.claim(crate::thread::thread_id()) };
+                let ring = t.journal.claim(crate::thread::thread_id());
+                *c = Claim { epoch, ring, marks: t.journal.marks(ring) };
             }
-            c.ring
+            (c.ring, c.marks)
         })
-        .unwrap_or(ring::SHARED) // the thread is ending: its own ring may be given back
+        .unwrap_or((ring::SHARED, None)) // the thread is ending: its own ring may be given back
 }
 
 /// Wakes the writer (a futex word: a hook whose ring fills up rings it).
@@ -281,8 +284,8 @@ fn send(msg: MsgRef, stamp: &Stamp) {
     let (ring, mark) = match stamp.held {
         Some((journal, ring, _)) if std::ptr::eq(journal, t.journal) => (ring, None),
         _ => {
-            let ring = my_ring(t);
-            (ring, Some(t.journal.enter(ring)))
+            let (ring, marks) = my_ring(t);
+            (ring, Some(Journal::enter(marks)))
         }
     };
     let state = STATE.load(SeqCst);
@@ -295,7 +298,7 @@ fn send(msg: MsgRef, stamp: &Stamp) {
         }
     }
     if let Some(mark) = mark {
-        t.journal.leave(mark);
+        Journal::leave(mark);
     }
 }
 
