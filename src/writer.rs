@@ -259,6 +259,9 @@ impl Writer {
             if self.abandoned[i] == Some(v) && i != crate::ring::SHARED {
                 continue;
             }
+            // The shared ring's threads note no keys (one word for many threads): it holds the
+            // horizon until none of them is in flight, which is not waited for here.
+            let spin = if i == crate::ring::SHARED { Duration::ZERO } else { SPIN_WAIT };
             let t0 = Instant::now();
             let key = loop {
                 if jn.moved_on(i, v) {
@@ -267,7 +270,7 @@ impl Writer {
                 if let Some(k) = jn.stamped_key(i, v) {
                     break Some(k);
                 }
-                if t0.elapsed() >= SPIN_WAIT {
+                if t0.elapsed() >= spin {
                     break None;
                 }
                 std::hint::spin_loop();
@@ -288,6 +291,8 @@ impl Writer {
                 return;
             };
             let (i, v, _) = holding[at];
+            // The shared ring's count changes as its threads come and go: it binds as one.
+            let v = if i == crate::ring::SHARED { 0 } else { v };
             let since = match self.binding {
                 Some((j, g, since)) if (j, g) == (i, v) => since,
                 _ => self.binding.insert((i, v, Instant::now())).2,

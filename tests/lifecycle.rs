@@ -263,6 +263,13 @@ fn sixteen_threads_times_100000_pairs_lose_nothing() {
     threads_lose_nothing(16, 100_000, &[]);
 }
 
+/// Threads beyond the 31 rings of their own share the last one (under a lock, noting no keys):
+/// nothing is lost there either, and the order holds.
+#[test]
+fn forty_threads_share_the_last_ring_and_lose_nothing() {
+    threads_lose_nothing(40, 20_000, &[]);
+}
+
 fn threads_lose_nothing(threads: usize, pairs: usize, env: &[(&str, &str)]) {
     let (n, p) = (threads.to_string(), pairs.to_string());
     let env: Vec<(&str, &str)> = [("GPUMEMTRACE_FRAMES", "4")].into_iter().chain(env.iter().copied()).collect();
