@@ -102,13 +102,13 @@ pub fn forget_thread_id() {
     });
 }
 
-/// Starts a thread of the tracer's own with every signal blocked, so the host's signals go to
-/// the host's threads.
 /// Whether the calling thread is one of the tracer's own (started by `spawn_without_signals`).
 pub fn is_ours() -> bool {
     OURS.try_with(|o| o.get()).unwrap_or(false)
 }
 
+/// Starts a thread of the tracer's own with every signal blocked, so the host's signals go to
+/// the host's threads.
 pub fn spawn_without_signals(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
     // SAFETY: sigset manipulation on local values; the old mask is restored right after.
     unsafe {
@@ -121,6 +121,13 @@ pub fn spawn_without_signals(name: &str, f: impl FnOnce() + Send + 'static) -> s
             f()
         });
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        // Named from here too, before the call returns: the new thread names itself only once it
+        // runs, and a host listing its threads right after its first allocation would see it
+        // under the host's name.
+        if let (Ok(h), Ok(c)) = (&r, std::ffi::CString::new(name)) {
+            use std::os::unix::thread::JoinHandleExt;
+            libc::pthread_setname_np(h.as_pthread_t(), c.as_ptr());
+        }
         r.map(|_| ())
     }
 }
