@@ -41,6 +41,7 @@ mod fastunwind;
 mod cuda;
 mod guard;
 mod hooks;
+mod horizon;
 mod hotpath;
 mod lazy;
 mod modules;

@@ -19,7 +19,8 @@ use crate::config::Config;
 use crate::modules::{loaded_objects, Object};
 use crate::table::{ALL, HOOKS};
 use crate::record::{CodeInfo, Msg, PyCapture, RawEvent, RawPhase, RawPyFrame, Stack};
-use crate::ring::{Journal, Seen, RINGS};
+use crate::horizon::Horizon;
+use crate::ring::{Journal, RINGS};
 use crate::sink::{Batch, Body, Sink};
 use gpumemtrace_format::journal::{self as jfmt, dict};
 
@@ -83,35 +84,22 @@ pub struct Writer {
     /// Where the rings will stand once the batches handed to the sink are written.
     handed: [u64; RINGS],
     /// Messages with keys below this are all read (or given up on): they are written.
-    horizon: u64,
-    /// Keys below this have been written from the queue.
+    horizon: Horizon,
+    /// Keys below this have been written.
     released: u64,
-    /// The ring (and its generation) that holds the horizon back, since when (`advance`).
-    binding: Option<(usize, u32, Instant)>,
-    /// Horizons moved past rings still stamping (given up after `GAP_WAIT`), and messages read
-    /// with a key already below the horizon (written late: out of call order).
-    gave_up: u64,
+    /// Messages read with a key already below what was written (written late: out of call order).
     late: u64,
-    /// A ring's generation the writer gave up waiting for (a thread stopped inside a hook): not
-    /// waited for again.
-    abandoned: [Option<u32>; RINGS],
     /// Aggregate mode (`Config::aggregate`): successful calls go into summaries, not records.
     agg: Option<Aggregate>,
     backward: Backward,
 }
 
-/// A stamping ring is waited for this long, or while fewer than `MAX_PENDING` messages queue
-/// behind it; then the writer goes on without its event (it comes later, out of order, or never:
-/// a thread stopped inside a hook). A free holds its mark across its real call, which can take
-/// this long (`cudaFree` waits for the device).
-const GAP_WAIT: Duration = Duration::from_millis(2);
+/// Messages waiting for the horizon beyond which the thread holding it is given up on at once
+/// (`Horizon::advance`).
 const MAX_PENDING: usize = 65536;
 /// Passes a drain makes at most, and the messages a pass reads that call for another.
 const PASSES: usize = 4;
 const BUSY_PASS: usize = 512;
-/// How long the writer spins for a stamping ring before leaving it to a later pass: most
-/// hand-overs take well under a microsecond.
-const SPIN_WAIT: Duration = Duration::from_micros(20);
 
 impl Writer {
     /// Writes the header, the process, the hook table and the current module map.
@@ -149,11 +137,8 @@ impl Writer {
             last_flush: Instant::now(),
             waiting: Waiting::default(),
             entry: Vec::new(),
-            horizon: 0,
+            horizon: Horizon::default(),
             released: 0,
-            binding: None,
-            abandoned: [None; RINGS],
-            gave_up: 0,
             late: 0,
             journal,
             read_pos: [0; RINGS],
@@ -191,8 +176,9 @@ impl Writer {
         // comes in keep that wait (and the ring space it holds) short.
         let mut n = 0;
         for _ in 0..PASSES {
-            // How far keys are complete, found before the rings are read (see `advance`).
-            self.advance(jn);
+            // How far keys are complete, found before the rings are read (`horizon`).
+            let now = crate::clock::horizon();
+            self.horizon.advance(jn, now, self.waiting.len() >= MAX_PENDING);
             let read = self.read_pass(jn)?;
             self.release(false)?;
             n += read;
@@ -217,7 +203,7 @@ impl Writer {
                 // written: its space is not committed meanwhile).
                 let key = jfmt::seq_of(payload);
                 self.late += u64::from(key.is_some_and(|k| k < self.released));
-                if let Some(key) = key.filter(|&k| !(with_news == 1 && self.waiting.is_empty() && k < self.horizon && r.is_ok())) {
+                if let Some(key) = key.filter(|&k| !(with_news == 1 && self.waiting.is_empty() && k < self.horizon.key() && r.is_ok())) {
                     self.waiting.push(i, pos, key);
                     return;
                 }
@@ -242,75 +228,6 @@ impl Writer {
         Ok(n)
     }
 
-    /// Moves the horizon: the key below which every event is in a ring already. Read the
-    /// clock's key first, then the rings' marks (`Journal::enter`): a ring idle then can only
-    /// stamp later keys from now on, and its earlier events are published. A ring stamping then
-    /// may still hand over one event: below its noted key (`Journal::note_key`) everything is
-    /// complete; before the key is noted (a few instructions), or for the shared ring, it is
-    /// waited for briefly here and else on later passes. A thread that holds the horizon back
-    /// and has been seen stamping in the same generation for `GAP_WAIT` (or while `MAX_PENDING`
-    /// messages wait) is given up on (stopped inside a hook): its event, if it ever comes, is
-    /// written late.
-    fn advance(&mut self, jn: &Journal) {
-        let now = crate::clock::horizon();
-        let mut holding: Vec<(usize, u32, Option<u64>)> = Vec::new();
-        for i in 0..RINGS {
-            let Seen::Busy(v) = jn.stamping(i) else { continue };
-            if self.abandoned[i] == Some(v) && i != crate::ring::SHARED {
-                continue;
-            }
-            // The shared ring's threads note no keys (one word for many threads): it holds the
-            // horizon until none of them is in flight, which is not waited for here.
-            let spin = if i == crate::ring::SHARED { Duration::ZERO } else { SPIN_WAIT };
-            let t0 = Instant::now();
-            let key = loop {
-                if jn.moved_on(i, v) {
-                    break Some(u64::MAX);
-                }
-                if let Some(k) = jn.stamped_key(i, v) {
-                    break Some(k);
-                }
-                if t0.elapsed() >= spin {
-                    break None;
-                }
-                std::hint::spin_loop();
-            };
-            if key != Some(u64::MAX) {
-                holding.push((i, v, key));
-            }
-        }
-        {
-            // A key not noted yet holds the horizon where it is.
-            let bound = holding.iter().fold(now, |b, &(_, _, k)| b.min(k.unwrap_or(self.horizon)));
-            self.horizon = self.horizon.max(bound);
-            // The thread that holds the horizon back is given up on once it has done so for
-            // `GAP_WAIT` (or while `MAX_PENDING` messages wait); the next one then gets its own
-            // `GAP_WAIT`: on a crowded host many threads are descheduled inside a hook at once.
-            let Some(at) = holding.iter().position(|&(_, _, k)| k.is_none_or(|k| k <= self.horizon)) else {
-                self.binding = None;
-                return;
-            };
-            let (i, v, _) = holding[at];
-            // The shared ring's count changes as its threads come and go: it binds as one.
-            let v = if i == crate::ring::SHARED { 0 } else { v };
-            let since = match self.binding {
-                Some((j, g, since)) if (j, g) == (i, v) => since,
-                _ => self.binding.insert((i, v, Instant::now())).2,
-            };
-            if self.waiting.len() < MAX_PENDING && since.elapsed() < GAP_WAIT {
-                return;
-            }
-            self.abandoned[i] = Some(v);
-            self.binding = None;
-            self.gave_up += 1;
-            holding.swap_remove(at);
-            // One at a time: what waited behind it is written before the next is judged.
-            let bound = holding.iter().fold(now, |b, &(_, _, k)| b.min(k.unwrap_or(self.horizon)));
-            self.horizon = self.horizon.max(bound);
-            return;
-        }
-    }
-
     /// Whether a ring is filling up: then the writer writes out now, so its space returns. What
     /// was handed to the sink counts as on its way back (it returns when its batch is written).
     pub fn rings_filling(&self) -> bool {
@@ -329,7 +246,7 @@ impl Writer {
     /// (exit, fatal signal).
     pub fn release(&mut self, all: bool) -> io::Result<()> {
         while let Some((ring, key)) = self.waiting.lowest() {
-            if !all && key >= self.horizon {
+            if !all && key >= self.horizon.key() {
                 break;
             }
             let Some(m) = self.waiting.pop(ring) else { break };
@@ -578,7 +495,7 @@ impl Writer {
     /// Counters; `final_` marks a cleanly finished trace.
     pub fn stats(&mut self, final_: bool) {
         if self.late > 0 {
-            let (late, gave_up) = (self.late, self.gave_up);
+            let (late, gave_up) = (self.late, self.horizon.gave_up);
             self.notice(&format!(
                 "{late} events reached the writer after later ones were written (out of call order): {gave_up} times it stopped waiting for a thread held inside a hook for more than 2 ms"
             ));
