@@ -241,7 +241,7 @@ impl Writer {
     }
 
     /// Writes queued messages in call order: the lowest key at the front of a queue, as long as
-    /// it is below the horizon (`advance`). A message that arrives below it after the writer
+    /// it is below the horizon (`Horizon::advance`). A message that arrives below it after the writer
     /// gave up waiting is written when read: late, but not lost. `all`: also past the horizon
     /// (exit, fatal signal).
     pub fn release(&mut self, all: bool) -> io::Result<()> {
