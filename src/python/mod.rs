@@ -122,34 +122,40 @@ fn sym(name: &CStr) -> *mut c_void {
     dlsym_real(libc::RTLD_DEFAULT, name)
 }
 
-/// The interpreter, if one is loaded and supported. Cheap after the first answer; while no
-/// interpreter is found, looks again at most once a second (`now_ns`: the event's time).
+/// The interpreter, once `look_for_interpreter` found it: one load on the hot path, which
+/// never looks itself (a process without Python would pay a clock read an event for it).
 #[link_section = ".text.hot.gpumemtrace"]
 fn interp() -> Option<&'static Interp> {
     match STATE.load(Acquire) {
-        READY => return INTERP.get(),
-        NONE => return None,
-        _ => {}
+        READY => INTERP.get(),
+        _ => None,
+    }
+}
+
+/// Looks for a loaded, supported interpreter until one is found (or one found unsupported): at
+/// tracer start, then from the writer at most once a second (an embedding program may load
+/// Python later).
+pub fn look_for_interpreter() {
+    if !ENABLED.load(Relaxed) || STATE.load(Acquire) != UNKNOWN {
+        return;
     }
     let now_ns = crate::clock::now_ns();
     let last = LAST_LOOK_NS.load(Relaxed);
     if last != 0 && now_ns.saturating_sub(last) < 1_000_000_000 {
-        return None;
+        return;
     }
     LAST_LOOK_NS.store(now_ns.max(1), Relaxed);
     match detect() {
-        Detected::Absent => None,
+        Detected::Absent => {}
         Detected::Unsupported(why) => {
             if STATE.swap(NONE, AcqRel) != NONE {
                 notice(format!("{why}; events get native stacks only"));
             }
-            None
         }
         Detected::Ready(i) => {
             let _ = codes(); // before any hook can look a code object up
             let _ = INTERP.set(i);
             STATE.store(READY, Release);
-            INTERP.get()
         }
     }
 }
@@ -330,7 +336,6 @@ pub fn has_frames() -> bool {
     if !ENABLED.load(Relaxed) {
         return false;
     }
-    // Detection is left to `capture` (an allocation always comes first).
     if STATE.load(Acquire) != READY {
         return false;
     }
