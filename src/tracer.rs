@@ -477,7 +477,6 @@ fn open(config: &Config) -> Result<Tracer, String> {
     MAX_FRAMES.store(config.max_frames, SeqCst);
     INTERPRETER_FRAMES.store(config.interpreter_frames, SeqCst);
     crate::python::set_enabled(config.python);
-    crate::python::look_for_interpreter();
     crate::unwind::set_backtrace(config.backtrace_unwinder);
     crate::selftime::enable(config.self_time);
     let target = crate::output::target(config.output.as_deref(), std::process::id(), config.rank);

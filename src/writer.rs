@@ -172,7 +172,7 @@ impl Writer {
         let Some(jn) = self.journal else { return Ok(0) };
         self.watch_modules()?;
         crate::clock::refine();
-        crate::python::look_for_interpreter();
+        crate::python::look_again();
         // Messages read in a pass wait for the next pass's horizon: a few passes while much
         // comes in keep that wait (and the ring space it holds) short.
         let mut n = 0;

@@ -122,29 +122,43 @@ fn sym(name: &CStr) -> *mut c_void {
     dlsym_real(libc::RTLD_DEFAULT, name)
 }
 
-/// The interpreter, once `look_for_interpreter` found it: one load on the hot path, which
-/// never looks itself (a process without Python would pay a clock read an event for it).
+/// The interpreter, if one is loaded and supported. Cheap after the first answer; while none is
+/// found, a hook looks again only when the writer has said to (`look_again`, at most once a
+/// second): the hot path reads no clock for it (a process without Python would pay one an event).
+/// The looking is done in a hook, once the tracer runs (not while it starts: a malloc wrapper
+/// that resolves malloc with `dlsym` would be entered from the start).
 #[link_section = ".text.hot.gpumemtrace"]
 fn interp() -> Option<&'static Interp> {
     match STATE.load(Acquire) {
-        READY => INTERP.get(),
-        _ => None,
+        READY => return INTERP.get(),
+        NONE => return None,
+        _ => {}
     }
+    if !LOOK_AGAIN.load(Relaxed) || !LOOK_AGAIN.swap(false, Relaxed) {
+        return None;
+    }
+    look();
+    INTERP.get()
 }
 
-/// Looks for a loaded, supported interpreter until one is found (or one found unsupported): at
-/// tracer start, then from the writer at most once a second (an embedding program may load
-/// Python later).
-pub fn look_for_interpreter() {
-    if !ENABLED.load(Relaxed) || STATE.load(Acquire) != UNKNOWN {
+/// Whether a hook should look for the interpreter (the first one does).
+static LOOK_AGAIN: AtomicBool = AtomicBool::new(true);
+
+/// On the writer: while no interpreter is found, lets a hook look again once a second (an
+/// embedding program may load Python later).
+pub fn look_again() {
+    if STATE.load(Acquire) != UNKNOWN || LOOK_AGAIN.load(Relaxed) {
         return;
     }
     let now_ns = crate::clock::now_ns();
     let last = LAST_LOOK_NS.load(Relaxed);
-    if last != 0 && now_ns.saturating_sub(last) < 1_000_000_000 {
-        return;
+    if now_ns.saturating_sub(last) >= 1_000_000_000 {
+        LAST_LOOK_NS.store(now_ns, Relaxed);
+        LOOK_AGAIN.store(true, Relaxed);
     }
-    LAST_LOOK_NS.store(now_ns.max(1), Relaxed);
+}
+
+fn look() {
     match detect() {
         Detected::Absent => {}
         Detected::Unsupported(why) => {
