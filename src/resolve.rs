@@ -46,6 +46,18 @@ pub fn dlsym_real(handle: *mut c_void, name: &CStr) -> *mut c_void {
     }
 }
 
+/// A lookup of the tracer's own (not the program's `dlsym`): a miss leaves no `dlerror` message
+/// behind, or the program's next `dlerror()` would report it (a runtime that checks `dlerror()`
+/// after its own lookups, made inside our hook, takes it for its failure).
+pub fn dlsym_quiet(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    let p = dlsym_real(handle, name);
+    if p.is_null() {
+        // SAFETY: dlerror takes no arguments; it consumes the message the miss left.
+        unsafe { libc::dlerror() };
+    }
+    p
+}
+
 /// Whether `p` lies in this library. From our own program headers (found through the
 /// linker's `__ehdr_start`), so it takes no loader lock: `dlsym` asks it.
 pub fn is_ours(p: *const c_void) -> bool {
@@ -92,9 +104,10 @@ pub fn lookup_in(obj: &Object, name: &CStr) -> *mut c_void {
     unsafe {
         let h = libc::dlopen(if obj.is_main { std::ptr::null() } else { path.as_ptr() }, libc::RTLD_NOLOAD | libc::RTLD_LAZY);
         if h.is_null() {
+            libc::dlerror(); // no message left for the program (see `dlsym_quiet`)
             return null_mut();
         }
-        let p = dlsym_real(h, name);
+        let p = dlsym_quiet(h, name);
         libc::dlclose(h);
         p
     }
@@ -113,7 +126,7 @@ pub unsafe fn next_fn<F: Copy>(slot: &LazyFn, name: &CStr) -> Option<F> {
 /// in global lookup order, or, for libraries opened with RTLD_LOCAL (cudart opening libcuda,
 /// Python extensions opening libcudart), the one in any loaded object other than us.
 pub fn next_definition(name: &CStr) -> *mut c_void {
-    let p = dlsym_real(libc::RTLD_NEXT, name);
+    let p = dlsym_quiet(libc::RTLD_NEXT, name);
     if !p.is_null() && !is_ours(p) {
         return p;
     }

@@ -36,7 +36,7 @@ use crate::pylayout::{debug_offsets, parse_version, plausible, read, Layout, FRA
 mod code;
 use code::{code_info, signature, SigOffsets};
 use crate::record::{PyCapture, RawPyFrame};
-use crate::resolve::dlsym_real;
+use crate::resolve::dlsym_quiet;
 
 /// Deepest Python stack recorded (innermost frames are kept).
 pub const MAX_PY_FRAMES: usize = 256;
@@ -119,7 +119,7 @@ fn notice(msg: String) {
 }
 
 fn sym(name: &CStr) -> *mut c_void {
-    dlsym_real(libc::RTLD_DEFAULT, name)
+    dlsym_quiet(libc::RTLD_DEFAULT, name)
 }
 
 /// The interpreter, if one is loaded and supported. Cheap after the first answer; while none is

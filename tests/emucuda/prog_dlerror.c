@@ -3,6 +3,7 @@
  * an untraced one line by line. Links libcuda (so RTLD_NEXT from here can find the driver) and
  * allocates once through a dlsym'd pointer (so the trace has an event).
  *   case=NAME found=0|1 error=<dlerror() right after, or (null)>
+ * Also after a driver allocation and free: the tracer's own lookups leave dlerror() empty.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -52,6 +53,12 @@ int main(void)
     MUST(cuDevicePrimaryCtxRetain(&ctx, dev));
     MUST(cuCtxSetCurrent(ctx));
     CUdeviceptr d = 0;
+    dlerror();
     ALLOC("cuMemAlloc_v2", "device", alloc(&d, 3 << 20), d, 3 << 20, 0, 0);
+    /* The tracer starts inside that call and looks things up (an interpreter, real functions):
+     * a lookup of its that missed must leave no message for the program's next dlerror(). */
+    check("after-allocation", NULL);
+    MUST(cuMemFree_v2(d));
+    check("after-free", NULL);
     return 0;
 }
