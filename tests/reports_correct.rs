@@ -216,9 +216,9 @@ fn run_json_prints_to_stdout() {
     let src = trace_file("run-json-src");
     let out_dir = scratch("run-json");
     // A stand-in for the traced program: it writes a trace where the library would.
-    let script = format!(r#"cp {} "${{GPUMEMTRACE_OUTPUT}}gpumemtrace-77.trace"; echo program output"#, src.display());
+    let script = |pid: u32| format!(r#"cp {} "${{GPUMEMTRACE_OUTPUT}}gpumemtrace-{pid}.trace"; echo program output"#, src.display());
     let o = Command::new(cli())
-        .args(["run", "--json", "--output", s(&out_dir), "--", "sh", "-c", &script])
+        .args(["run", "--json", "--output", s(&out_dir), "--", "sh", "-c", &script(77)])
         .env("GPUMEMTRACE_LIB", "/dev/null")
         .output()
         .unwrap();
@@ -232,7 +232,7 @@ fn run_json_prints_to_stdout() {
 
     // Text stays on stderr: stdout is the program's.
     let o = Command::new(cli())
-        .args(["run", "--output", s(&out_dir), "--", "sh", "-c", &script.replace("77", "78")])
+        .args(["run", "--output", s(&out_dir), "--", "sh", "-c", &script(78)])
         .env("GPUMEMTRACE_LIB", "/dev/null")
         .output()
         .unwrap();
