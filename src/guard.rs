@@ -40,6 +40,18 @@ impl Guard {
         unsafe { (*self.0).identity() }
     }
 
+    /// The thread's ring as last claimed: (tracer start, ring), without a thread-local lookup.
+    #[link_section = ".text.hot.gpumemtrace"]
+    pub fn ring(&self) -> (u64, u32) {
+        // SAFETY: as in `identity`.
+        unsafe { (*self.0).ring.get() }
+    }
+
+    pub fn set_ring(&self, claim: (u64, u32)) {
+        // SAFETY: as in `identity`.
+        unsafe { (*self.0).ring.set(claim) }
+    }
+
     /// Whether this is the process's main thread, without a thread-local lookup.
     #[link_section = ".text.hot.gpumemtrace"]
     pub fn is_main_thread(&self) -> bool {

@@ -42,7 +42,7 @@ pub fn traced(api: u32, op: Op, call: impl FnOnce() -> Status, describe: impl Fn
         let mut before = None;
         match catch_unwind(AssertUnwindSafe(|| {
             let fields = describe(SUCCESS)?;
-            tracer::ensure_started().then(|| (fields, tracer::stamp()))
+            tracer::ensure_started().then(|| (fields, tracer::stamp(Some(&guard))))
         })) {
             Ok(b) => before = b,
             Err(_) => tracer::disable("internal error while describing a free"),
@@ -127,7 +127,7 @@ pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: O
     if size < 0 {
         // A free needs no stack: stamped before the block can be handed out again, with one bit
         // saying whether the program (not the interpreter's shutdown) freed it.
-        let recorded = catch_unwind(AssertUnwindSafe(|| tracer::ensure_started().then(|| (tracer::stamp(), python_flag(&guard)))));
+        let recorded = catch_unwind(AssertUnwindSafe(|| tracer::ensure_started().then(|| (tracer::stamp(Some(&guard)), python_flag(&guard)))));
         let calling = selftime::mark();
         forward();
         let returned = selftime::mark();
@@ -245,7 +245,7 @@ fn record(guard: &Guard, api: u32, result: Status, f: Fields, stamp: Option<trac
     // An allocation is stamped now, after its stacks: any time after its real call returned
     // orders it (the program cannot free the memory before the hook returns), and its ring's
     // mark then spans only the hand-over.
-    let stamp = stamp.unwrap_or_else(tracer::stamp);
+    let stamp = stamp.unwrap_or_else(|| tracer::stamp(Some(guard)));
     let event = RawEvent { frames, py, py_key, py_tstate, ..bare_event(guard, api, result, f, device, &stamp, flags) };
     tracer::submit(event, &stamp);
     drop(stamp);

@@ -26,7 +26,7 @@ pub fn record(op: PhaseOp, name: &str) {
     }
     let _ = catch_unwind(AssertUnwindSafe(|| {
         let name = name.to_owned();
-        let stamp = tracer::stamp();
+        let stamp = tracer::stamp(None);
         tracer::submit_phase(RawPhase { seq: stamp.key, time_ns: stamp.time, tid: crate::thread::thread_id(), op, name }, &stamp)
     }));
 }

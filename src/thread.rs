@@ -13,13 +13,17 @@ pub struct Me {
     named: Cell<bool>,
     /// 0: not known yet, 1: the process's main thread (its id is the process id), 2: another.
     main: Cell<u8>,
+    /// The ring the tracer gave this thread, and for which tracer start (`clock::epoch`): a
+    /// copy of the tracer's claim that a hook reads through its guard, without a second
+    /// thread-local lookup (the claim itself, which gives the ring back at thread exit, clears it).
+    pub(crate) ring: Cell<(u64, u32)>,
 }
 
 thread_local! {
     /// Set on the tracer's own threads (the writer, the batch thread).
     static OURS: Cell<bool> = const { Cell::new(false) };
     // const-initialised and Drop-free: usable at any point of a thread's life, teardown included.
-    static ME: Me = const { Me { depth: Cell::new(0), tid: Cell::new(0), named: Cell::new(false), main: Cell::new(0) } };
+    static ME: Me = const { Me { depth: Cell::new(0), tid: Cell::new(0), named: Cell::new(false), main: Cell::new(0), ring: Cell::new((u64::MAX, 0)) } };
 }
 
 fn gettid() -> u32 {
@@ -85,6 +89,11 @@ fn read_name() -> Option<String> {
 #[link_section = ".text.hot.gpumemtrace"]
 pub fn with_me<R>(f: impl FnOnce(&Me) -> R) -> Option<R> {
     ME.try_with(f).ok()
+}
+
+/// The thread's ring is given back (it ends): hooks of its last moments look the claim up again.
+pub fn forget_ring() {
+    let _ = ME.try_with(|m| m.ring.set((u64::MAX, 0)));
 }
 
 /// The kernel thread id, cached per thread (reset in a forked child).

@@ -165,12 +165,13 @@ impl Drop for Stamp {
 }
 
 /// Stamps an event of the calling thread (see `Stamp`). Where the tracer is not running, only
-/// the key and time (nothing would be handed over).
+/// the key and time (nothing would be handed over). `guard`: the hook's, through which the
+/// thread's ring is found without a thread-local lookup (none for phase records).
 #[link_section = ".text.hot.gpumemtrace"]
-pub fn stamp() -> Stamp {
+pub fn stamp(guard: Option<&crate::guard::Guard>) -> Stamp {
     let held = match STATE.load(SeqCst) {
         RUNNING | DIRECT => tracer().map(|t| {
-            let (ring, marks) = my_ring(t);
+            let (ring, marks) = ring_of(t, guard);
             (t.journal, ring, Journal::enter(marks))
         }),
         _ => None,
@@ -225,6 +226,7 @@ struct Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
+        crate::thread::forget_ring();
         if let Some(t) = tracer() {
             if self.epoch == crate::clock::epoch() {
                 t.journal.release(self.ring);
@@ -237,6 +239,24 @@ thread_local! {
     static CLAIM: RefCell<Claim> = const { RefCell::new(Claim { epoch: u64::MAX, ring: ring::SHARED, marks: None }) };
     /// The entry being encoded (its capacity stays: the warm path allocates nothing).
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The calling thread's ring and marks, through its hook's guard when there is one (its copy of
+/// the claim, kept for the tracer start it was made in; the shared ring is not kept: a thread
+/// sent there while its claim was busy or ending gets its own again later).
+#[inline(always)]
+fn ring_of(t: &Tracer, guard: Option<&crate::guard::Guard>) -> (usize, Option<ring::Marks>) {
+    let Some(g) = guard else { return my_ring(t) };
+    let epoch = crate::clock::epoch();
+    let (made, ring) = g.ring();
+    if made == epoch {
+        return (ring as usize, t.journal.marks(ring as usize));
+    }
+    let (ring, marks) = my_ring(t);
+    if ring != ring::SHARED {
+        g.set_ring((epoch, ring as u32));
+    }
+    (ring, marks)
 }
 
 /// The calling thread's ring, and its marks (none for the shared ring).
