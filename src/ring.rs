@@ -43,8 +43,8 @@ pub fn commits() -> u64 {
 /// their hand-over (their own marks would be one word written by many threads anyway).
 static SHARED_IN_FLIGHT: CachePadded<AtomicU32> = CachePadded::new(AtomicU32::new(0));
 
-/// The words of a ring's control page its owner writes at every event, found once per thread
-/// (`Journal::marks`): the hot path computes no offsets and checks no bounds for them.
+/// The words of a ring's control page its owner writes at every event (`Journal::marks`), found
+/// once a stamp and passed along with its mark, so `note_key` and `leave` compute no offsets.
 #[derive(Clone, Copy, Debug)]
 pub struct Marks {
     busy: &'static AtomicU32,
@@ -202,7 +202,7 @@ impl Journal {
     /// (`clock::stamp`) and stays marked until its event is in the ring (`leave`). The mark is
     /// a generation, odd while stamping, on the owner's own cache line (no line shared between
     /// threads); it is set with a locked instruction, so it is visible to every CPU before the
-    /// clock is read. The writer reads the marks after its own clock read (`Writer::drain`): a
+    /// clock is read. The writer reads the marks after its own clock read (`horizon`): a
     /// ring idle then can only stamp later keys, and a busy one is waited for until its
     /// generation moves on. Also what the exit drain waits for (`any_busy`).
     #[link_section = ".text.hot.gpumemtrace"]

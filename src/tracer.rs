@@ -221,7 +221,6 @@ pub fn submit_phase(p: RawPhase, stamp: &Stamp) {
 struct Claim {
     epoch: u64,
     ring: usize,
-    marks: Option<ring::Marks>,
 }
 
 impl Drop for Claim {
@@ -236,7 +235,7 @@ impl Drop for Claim {
 }
 
 thread_local! {
-    static CLAIM: RefCell<Claim> = const { RefCell::new(Claim { epoch: u64::MAX, ring: ring::SHARED, marks: None }) };
+    static CLAIM: RefCell<Claim> = const { RefCell::new(Claim { epoch: u64::MAX, ring: ring::SHARED }) };
     /// The entry being encoded (its capacity stays: the warm path allocates nothing).
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
@@ -263,16 +262,16 @@ fn ring_of(t: &Tracer, guard: Option<&crate::guard::Guard>) -> (usize, Option<ri
 #[inline(always)]
 fn my_ring(t: &Tracer) -> (usize, Option<ring::Marks>) {
     let epoch = crate::clock::epoch();
-    CLAIM
+    let ring = CLAIM
         .try_with(|c| {
-            let Ok(mut c) = c.try_borrow_mut() else { return (ring::SHARED, None) };
+            let Ok(mut c) = c.try_borrow_mut() else { return ring::SHARED };
             if c.epoch != epoch {
-                let ring = t.journal.claim(crate::thread::thread_id());
-                *c = Claim { epoch, ring, marks: t.journal.marks(ring) };
+                *c = Claim { epoch, ring: t.journal.claim(crate::thread::thread_id()) };
             }
-            (c.ring, c.marks)
+            c.ring
         })
-        .unwrap_or((ring::SHARED, None)) // the thread is ending: its own ring may be given back
+        .unwrap_or(ring::SHARED); // the thread is ending: its own ring may be given back
+    (ring, t.journal.marks(ring))
 }
 
 /// Wakes the writer (a futex word: a hook whose ring fills up rings it).
