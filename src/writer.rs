@@ -246,12 +246,9 @@ impl Writer {
     /// gave up waiting is written when read: late, but not lost. `all`: also past the horizon
     /// (exit, fatal signal).
     pub fn release(&mut self, all: bool) -> io::Result<()> {
-        while let Some((ring, key)) = self.waiting.lowest() {
-            if !all && key >= self.horizon.key() {
-                break;
-            }
-            let Some(m) = self.waiting.pop(ring) else { break };
-            self.released = self.released.max(key + 1);
+        let limit = (!all).then(|| self.horizon.key());
+        while let Some((ring, m)) = self.waiting.next_below(limit) {
+            self.released = self.released.max(m.key + 1);
             let Some(jn) = self.journal else { continue };
             let decoded = jn.reread(ring, m.pos, &mut self.entry, jfmt::decode);
             match decoded {
