@@ -250,10 +250,12 @@ impl Writer {
         while let Some((ring, m)) = self.waiting.next_below(limit) {
             self.released = self.released.max(m.key + 1);
             let Some(jn) = self.journal else { continue };
-            let decoded = jn.reread(ring, m.pos, &mut self.entry, jfmt::decode);
+            // Nearly every entry is a warm event: read as such without the general decoder.
+            let decoded = jn.reread(ring, m.pos, &mut self.entry, |p| jfmt::decode_warm_event(p).ok_or_else(|| jfmt::decode(p)));
             match decoded {
-                Ok(jfmt::Entry::Msg(msg)) => self.write_msg(msg)?,
-                _ => self.dropped += 1, // not expected: the hooks wrote it whole
+                Ok(ev) => self.event(ev)?,
+                Err(Ok(jfmt::Entry::Msg(msg))) => self.write_msg(msg)?,
+                Err(_) => self.dropped += 1, // not expected: the hooks wrote it whole
             }
         }
         Ok(())

@@ -476,6 +476,16 @@ fn str_(o: &mut Vec<u8>, s: &str, cut: bool) {
     }
 }
 
+/// The event of a warm event entry, `None` for any other entry (which [`decode`] reads): the
+/// writer's way for nearly every event, without the general decoder's wrapping.
+#[inline]
+pub fn decode_warm_event(b: &[u8]) -> Option<RawEvent> {
+    if b.first() != Some(&EVENT) {
+        return None;
+    }
+    decode_warm(b)
+}
+
 /// A warm event entry (scalars only, as `write_warm_event` writes it) read after one length
 /// check: the writer thread decodes one of these for nearly every event. `None` for any other
 /// entry, which the general decoder then reads (and names what is wrong with it).

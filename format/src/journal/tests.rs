@@ -38,6 +38,7 @@ fn a_warm_event_is_written_as_the_plan_writes_it() {
         // The writer's quick read gives the event back; an entry cut short or run long is left
         // to the general decoder, which names the fault.
         assert_eq!(decode_warm(&warm[..n]).as_ref(), Some(&e), "bits {bits:#b}");
+        assert_eq!(decode_warm_event(&warm[..n]).as_ref(), Some(&e), "bits {bits:#b}");
         assert!(matches!(decode(&warm[..n]), Ok(Entry::Msg(Msg::Event(d))) if d == e));
         assert_eq!(decode_warm(&warm[..n - 1]), None);
         assert!(decode(&warm[..n - 1]).is_err());
@@ -46,6 +47,11 @@ fn a_warm_event_is_written_as_the_plan_writes_it() {
         assert_eq!(decode_warm(&long), None);
         assert!(decode(&long).is_err());
     }
+    // Only an event entry is read as one: a phase of the same length is not.
+    let mut phase = Vec::new();
+    encode(&Msg::Phase(RawPhase { seq: 2, time_ns: 5, tid: 77, op: PhaseOp::Push, name: "p".into() }), &mut phase);
+    phase.resize(EVENT_FIXED, 0);
+    assert_eq!(decode_warm_event(&phase), None);
     let mut buf = [0u8; WARM_MAX];
     let named = RawEvent { thread_name: Some("t".into()), ..event(0) };
     assert_eq!(write_warm_event(&named, &mut buf), None);
