@@ -105,6 +105,7 @@ if len(sys.argv) > 1 and sys.argv[1] == "alternate":
 
 only = sys.argv[1] if len(sys.argv) > 1 else None  # one loop by name, or both
 if only in (None, "launch-bound"):
-    run("launch-bound", 256, 6, 8, 600)
+    # STEPS: a longer run (a sampling profiler needs more of the hooks' time than 600 steps give).
+    run("launch-bound", 256, 6, 8, int(os.environ.get("STEPS", "600")))
 if only in (None, "gpu-bound"):
     run("gpu-bound", 4096, 6, 8192, 60)
