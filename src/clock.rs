@@ -44,6 +44,7 @@ pub fn ticks() -> u64 {
 }
 
 /// Whether hooks read the counter (set by `calibrate`).
+#[link_section = "gpumemtrace_hot"]
 static TSC: AtomicBool = AtomicBool::new(false);
 
 /// How hooks read the time, for self-measurement's notice: the counter, or `clock_gettime`
@@ -58,9 +59,13 @@ pub fn describe() -> String {
 
 /// The map from ticks to nanoseconds, `ns = NS0 + (ticks - T0) * MULT / 2^32`, behind a
 /// sequence lock (odd while the writer changes it; readers retry).
+#[link_section = "gpumemtrace_hot"]
 static MAP_SEQ: AtomicU64 = AtomicU64::new(0);
+#[link_section = "gpumemtrace_hot"]
 static T0: AtomicU64 = AtomicU64::new(0);
+#[link_section = "gpumemtrace_hot"]
 static NS0: AtomicU64 = AtomicU64::new(0);
+#[link_section = "gpumemtrace_hot"]
 static MULT: AtomicU64 = AtomicU64::new(0);
 /// The first calibration point and the last refit (ticks, ns): the long baseline the map's
 /// slope is measured over.
@@ -199,6 +204,7 @@ pub fn refine() {
 /// as before. Either way the key is taken after the thread marked its ring as stamping
 /// (`Journal::enter`), which is what lets the writer know when no smaller key can still come
 /// (`horizon`).
+#[link_section = "gpumemtrace_hot"]
 static BY_TIME: AtomicBool = AtomicBool::new(false);
 /// The process-wide number where keys are not timestamps; it has cache lines of its own, or each
 /// increment would take away from other threads the lines of whatever the linker put beside it.
@@ -222,6 +228,12 @@ pub fn stamp() -> (u64, u64) {
     (SEQ.fetch_add(1, SeqCst), now_ns())
 }
 
+/// How far the horizon stays behind the writer's clock read: a hook's mark is a plain store
+/// (`Journal::enter`), which may reach other CPUs after the hook read the clock, by the time its
+/// core takes to drain the stores before it (well under a microsecond; a context switch drains
+/// them at once). A mark later than this makes its event late (counted), never lost.
+pub const SLACK_NS: u64 = 50_000;
+
 /// On the writer, before it reads the marks: a key that no event stamped from now on is below
 /// (the marks are read after this, behind a fence). With numbered keys, the next number.
 pub fn horizon() -> u64 {
@@ -230,7 +242,7 @@ pub fn horizon() -> u64 {
         let t = now_ns();
         fenced();
         fence(SeqCst);
-        return t;
+        return t.saturating_sub(SLACK_NS);
     }
     let n = SEQ.load(SeqCst);
     fence(SeqCst);
@@ -268,6 +280,7 @@ pub fn reset_seq() {
 }
 
 /// Counts tracer starts (a forked child starts its own): per-thread stack keys are per start.
+#[link_section = "gpumemtrace_hot"]
 static EPOCH: AtomicU64 = AtomicU64::new(0);
 
 pub fn epoch() -> u64 {

@@ -69,8 +69,10 @@ impl Snapshot {
     }
 }
 
+#[link_section = "gpumemtrace_hot"]
 static SNAPSHOT: AtomicPtr<Snapshot> = AtomicPtr::new(null_mut());
 /// Raised by `dlclose`: objects may have been unmapped, the snapshot must not be used.
+#[link_section = "gpumemtrace_hot"]
 static STALE: AtomicBool = AtomicBool::new(false);
 static REBUILDS: AtomicUsize = AtomicUsize::new(0);
 static BUILDING: Mutex<()> = Mutex::new(());

@@ -394,6 +394,7 @@ unsafe fn sysv_candidates(table: *const u32, name: &[u8], mut offer: impl FnMut(
 }
 
 type CtxGetDeviceFn = unsafe extern "C" fn(*mut c_int) -> c_int;
+#[link_section = "gpumemtrace_hot"]
 static CTX_GET_DEVICE: LazyFn = LazyFn::new();
 static CTX_GET_DEVICE_TRIES: AtomicU32 = AtomicU32::new(0);
 

@@ -71,6 +71,20 @@ pub enum Seen {
     Busy(u32),
 }
 
+/// Adds one to a word that only the calling thread (and its signal handlers) writes, in one
+/// instruction: a signal cannot fall inside it, and, unlike a locked one, it waits for nothing.
+#[inline(always)]
+fn bump(word: &AtomicU32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: an aligned u32 of the journal's mapping, alive for the process; no other thread
+    // writes it (readers on other CPUs see the old value or the new, as with a plain store).
+    unsafe {
+        core::arch::asm!("add dword ptr [{0}], 1", in(reg) word.as_ptr(), options(nostack));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    word.fetch_add(1, Relaxed);
+}
+
 pub struct Journal {
     base: *mut u8,
     len: usize,
@@ -201,10 +215,15 @@ impl Journal {
     /// The calling thread, which hands its events to ring `i`, is about to take an order key
     /// (`clock::stamp`) and stays marked until its event is in the ring (`leave`). The mark is
     /// a generation, odd while stamping, on the owner's own cache line (no line shared between
-    /// threads); it is set with a locked instruction, so it is visible to every CPU before the
-    /// clock is read. The writer reads the marks after its own clock read (`horizon`): a
-    /// ring idle then can only stamp later keys, and a busy one is waited for until its
-    /// generation moves on. Also what the exit drain waits for (`any_busy`).
+    /// threads). The writer reads the marks after its own clock read (`clock::horizon`): a ring
+    /// idle then can only stamp later keys, and a busy one is waited for until its generation
+    /// moves on. Also what the exit drain waits for (`any_busy`).
+    ///
+    /// The mark is a plain store, not a locked instruction: a locked one waits for the line and
+    /// for every store before it, and that wait was most of an event's stamp on a busy host
+    /// (cold lines). The store may then become visible a little after the clock is read; the
+    /// writer's horizon stays `clock::SLACK_NS` behind its own clock read for that (numbered keys
+    /// need no slack: taking a number is itself a locked instruction, after the mark).
     #[link_section = ".text.hot.gpumemtrace"]
     pub fn enter(marks: Option<Marks>) -> Mark {
         let Some(marks) = marks else {
@@ -212,17 +231,16 @@ impl Journal {
             return Mark::Shared;
         };
         let b = marks.busy;
-        loop {
-            let g = b.load(Relaxed); // only the owner (and its signal handlers) write it
-            if g & 1 == 1 {
-                return Mark::Nested;
-            }
-            // A compare-exchange, not a store: a signal handler's nested call between the load
-            // and here moved the generation on; its value is then read again.
-            if b.compare_exchange(g, g.wrapping_add(1), SeqCst, Relaxed).is_ok() {
-                return Mark::Own(marks, g);
-            }
+        let g = b.load(Relaxed); // only the owner (and its signal handlers) write it
+        if g & 1 == 1 {
+            return Mark::Nested;
         }
+        // A signal handler's nested call between the load and the increment moves the
+        // generation on by two (its own enter and leave); the increment, one instruction, then
+        // starts from there, and the generation is read back. Once it is odd, nested calls leave
+        // it alone until `leave`.
+        bump(b);
+        Mark::Own(marks, b.load(Relaxed).wrapping_sub(1))
     }
 
     /// The order key the thread took after `enter` (`mark`): the writer need not wait for the
@@ -556,6 +574,38 @@ mod tests {
     use gpumemtrace_format::recover::Journal as ReadJournal;
     use gpumemtrace_format::raw::{Msg, RawPhase};
     use gpumemtrace_format::PhaseOp;
+
+    /// A mark is odd while its thread stamps; a call nested inside (a signal handler's) leaves it
+    /// alone; leaving moves it on by two, and the writer sees the ring idle again.
+    #[test]
+    fn a_mark_is_odd_while_stamping_and_nested_calls_leave_it_alone() {
+        let jn: &'static Journal = Box::leak(Box::new(Journal::create(&std::env::temp_dir().join("gmt-mark-test.trace"), 0o600, false).unwrap()));
+        let marks = jn.marks(4);
+        assert_eq!(jn.stamping(4), Seen::Idle);
+        let outer = Journal::enter(marks);
+        let Mark::Own(_, g) = outer else { panic!("the ring's own mark") };
+        assert_eq!(jn.stamping(4), Seen::Busy(g + 1));
+        let nested = Journal::enter(marks);
+        assert!(matches!(nested, Mark::Nested));
+        Journal::note_key(nested, 5);
+        Journal::leave(nested);
+        assert_eq!(jn.stamping(4), Seen::Busy(g + 1), "the nested call changed nothing");
+        assert_eq!(jn.stamped_key(4, g + 1), None, "no key noted yet");
+        Journal::note_key(outer, 77);
+        assert_eq!(jn.stamped_key(4, g + 1), Some(77));
+        Journal::leave(outer);
+        assert_eq!(jn.stamping(4), Seen::Idle);
+        assert!(jn.moved_on(4, g + 1));
+        // Whatever moved the generation on before the increment (a nested call that ran whole
+        // between the outer call's read and its increment), the call takes the one it finds.
+        bump(jn.busy(4));
+        bump(jn.busy(4));
+        let late = Journal::enter(marks);
+        let Mark::Own(_, g2) = late else { panic!("the ring's own mark") };
+        assert_eq!(g2, g + 4);
+        Journal::leave(late);
+        assert_eq!(jn.stamping(4), Seen::Idle);
+    }
 
     #[test]
     fn entries_pushed_come_out_in_order_across_the_ring_end_and_space_returns_on_commit() {

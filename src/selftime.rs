@@ -30,6 +30,7 @@ pub enum Kind {
 }
 const KINDS: usize = 3;
 
+#[link_section = "gpumemtrace_hot"]
 static ON: AtomicBool = AtomicBool::new(false);
 static START: (AtomicU64, AtomicU64) = (AtomicU64::new(0), AtomicU64::new(0));
 /// What reading the counter costs (the least of many back-to-back reads): each part is a span

@@ -63,15 +63,19 @@ fn to_host_stderr(line: &str) {
     }
 }
 
+#[link_section = "gpumemtrace_hot"]
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 /// Leaked on purpose: hooks may run on any thread until the very end of the process.
+#[link_section = "gpumemtrace_hot"]
 static TRACER: AtomicPtr<Tracer> = AtomicPtr::new(null_mut());
+#[link_section = "gpumemtrace_hot"]
 static MAX_FRAMES: AtomicUsize = AtomicUsize::new(crate::config::DEFAULT_FRAMES);
 static ONCE_PER_IMAGE: AtomicBool = AtomicBool::new(false);
 static WARNED: AtomicBool = AtomicBool::new(false);
 /// The process the running tracer belongs to.
 static TRACER_PID: AtomicU32 = AtomicU32::new(0);
 /// Testing knob: the event number whose recording panics (0 = never), and the count so far.
+#[link_section = "gpumemtrace_hot"]
 static TEST_PANIC_AT: AtomicU64 = AtomicU64::new(0);
 static SUBMITTED: AtomicU64 = AtomicU64::new(0);
 /// Flush requests from the fatal-signal handler, and how many the writer has completed.
@@ -87,6 +91,7 @@ pub fn is_off() -> bool {
 
 /// `control`'s pause: declared beside `STATE` so that the linker puts the two on one line
 /// (every hook reads both).
+#[link_section = "gpumemtrace_hot"]
 static PAUSED: AtomicBool = AtomicBool::new(false);
 
 /// Pauses (`on`) or resumes. Pauses do not nest; a hook that read "not paused" just before
@@ -105,6 +110,7 @@ pub fn max_frames() -> usize {
     MAX_FRAMES.load(SeqCst)
 }
 
+#[link_section = "gpumemtrace_hot"]
 static INTERPRETER_FRAMES: AtomicBool = AtomicBool::new(false);
 
 /// See `Config::interpreter_frames`.
@@ -299,7 +305,8 @@ fn send(msg: MsgRef, stamp: &Stamp) {
     let Some(t) = tracer() else { return };
     // The ring marked when the event was stamped; an event stamped before the tracer ran marks
     // its ring now. Marked before the state is read: the exit drain, which changes the state
-    // first and then waits for marks, cannot miss this event.
+    // first and then waits for marks (once a mark still on its way has had time to arrive, see
+    // `write_out`), cannot miss this event.
     let (ring, mark) = match stamp.held {
         Some((journal, ring, _)) if std::ptr::eq(journal, t.journal) => (ring, None),
         _ => {
@@ -645,10 +652,14 @@ fn finish() {
 /// Drains the queue into the file and writes the counters (`final_`: the trace is complete).
 fn write_out(t: &Tracer, final_: bool) {
     let t0 = Instant::now();
+    // A hook marks its ring with a plain store, then reads the state: a mark made just before
+    // the state changed may reach this thread only a little later (`Journal::enter`). Not done
+    // before that long has passed.
+    let settled = t0 + Duration::from_nanos(crate::clock::SLACK_NS);
     let mut w = lock(&t.writer);
     loop {
         let read = w.drain().unwrap_or(0);
-        if !t.journal.any_busy() && read == 0 {
+        if !t.journal.any_busy() && read == 0 && Instant::now() >= settled {
             break;
         }
         if t0.elapsed() > Duration::from_secs(2) {

@@ -10,6 +10,7 @@ use crate::record::Stack;
 use crate::stackkey::hash;
 
 /// Address range of this library's segments, to drop the tracer's own frames.
+#[link_section = "gpumemtrace_hot"]
 static OURS: OnceCell<Vec<(u64, u64)>> = OnceCell::new();
 
 fn ours() -> &'static [(u64, u64)] {
@@ -25,6 +26,7 @@ fn ours() -> &'static [(u64, u64)] {
 
 /// Whether the fast unwinder (cached DWARF rules, src/fastunwind.rs) takes stacks, else libgcc's
 /// (see `Config::backtrace_unwinder`): set when tracing starts.
+#[link_section = "gpumemtrace_hot"]
 static FAST: AtomicBool = AtomicBool::new(cfg!(target_arch = "x86_64"));
 
 /// Chooses the unwinder (when tracing starts); the fast one exists on x86-64 only.

@@ -76,13 +76,16 @@ const UNKNOWN: u8 = 0;
 const READY: u8 = 1;
 const NONE: u8 = 2;
 
+#[link_section = "gpumemtrace_hot"]
 static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
 static INTERP: OnceCell<Interp> = OnceCell::new();
 static LAST_LOOK_NS: AtomicU64 = AtomicU64::new(0);
+#[link_section = "gpumemtrace_hot"]
 static ENABLED: AtomicBool = AtomicBool::new(true);
 static NOTICE: Mutex<Option<String>> = Mutex::new(None);
 static HAS_NOTICE: AtomicBool = AtomicBool::new(false);
 
+#[link_section = "gpumemtrace_hot"]
 static INTERPRETER_CODE: OnceCell<Vec<(u64, u64)>> = OnceCell::new();
 
 /// The address ranges of the object holding the interpreter (libpython, or the `python`
@@ -142,6 +145,7 @@ fn interp() -> Option<&'static Interp> {
 }
 
 /// Whether a hook should look for the interpreter (the first one does).
+#[link_section = "gpumemtrace_hot"]
 static LOOK_AGAIN: AtomicBool = AtomicBool::new(true);
 
 /// On the writer: while no interpreter is found, lets a hook look again once a second (an
@@ -456,6 +460,7 @@ fn flag_read_by(f: *const u8) -> Option<u64> {
 /// The pthread key under which the interpreter keeps each thread's state, once found (see
 /// `find_key`): then the state is one `pthread_getspecific`, not two nested calls into
 /// libpython whose code and data lines a busy host has evicted between two events.
+#[link_section = "gpumemtrace_hot"]
 static TSS_KEY: AtomicU32 = AtomicU32::new(KEY_UNKNOWN);
 const KEY_UNKNOWN: u32 = u32::MAX;
 /// Not found, or once it disagreed with the interpreter: the interpreter's function is called.
@@ -627,6 +632,7 @@ const CACHE: usize = 8192;
 /// (code address, signature) a slot: the two words of a lookup on one cache line.
 /// Allocated when an interpreter is found, not a static: 128 KiB of `.bss` here put
 /// the statics every hook reads on pages of their own.
+#[link_section = "gpumemtrace_hot"]
 static CODES: OnceCell<Box<[(AtomicU64, AtomicU64)]>> = OnceCell::new();
 
 fn codes() -> &'static [(AtomicU64, AtomicU64)] {
