@@ -6,7 +6,8 @@
 # event must be in it.
 #   BIN=dir-with: gpumemtrace libgpumemtrace.so libgpumemtrace-base.so
 # VARIANTS adds new-inline (the new build with GPUMEMTRACE_WRITE_THREAD=0: compression and writes
-# on the writer thread) to tell the batch thread's share from the rest.
+# on the writer thread) to tell the batch thread's share from the rest, and any NAME whose build
+# is BIN/libgpumemtrace-NAME.so. Every other round runs the variants in reverse order.
 #   usage: BIN=.gpubin ROUNDS=7 [VARIANTS="none base new new-inline"] examples/gpu/writer_threads.sh
 set -u
 BIN=$(cd "${BIN:?}" && pwd)
@@ -20,14 +21,18 @@ make -s -C tests/emucuda OUT="$SCRATCH/emu" "$SCRATCH/emu/bench_alloc" || exit 1
 # The emulator must come first: the host's LD_LIBRARY_PATH names the real driver.
 export LD_LIBRARY_PATH=$SCRATCH/emu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 for r in $(seq "$ROUNDS"); do
-  for v in ${VARIANTS:-none base new}; do
+  # Every other round in reverse order: no build always runs right after the same one.
+  order=${VARIANTS:-none base new}
+  [ $((r % 2)) = 0 ] && order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' ')
+  for v in $order; do
     wt=
     case $v in
       none) pre= ;;
       base) pre=$BIN/libgpumemtrace-base.so ;;
       new) pre=$BIN/libgpumemtrace.so ;;
       new-inline) pre=$BIN/libgpumemtrace.so wt=0 ;;
-      *) echo "unknown variant $v" >&2; exit 2 ;;
+      # Any other name: a build of its own, libgpumemtrace-NAME.so.
+      *) pre=$BIN/libgpumemtrace-$v.so; [ -f "$pre" ] || { echo "no $pre" >&2; exit 2; } ;;
     esac
     rm -rf "$SCRATCH/tr" && mkdir -p "$SCRATCH/tr"
     line=$(GPUMEMTRACE_WRITE_THREAD=$wt EMUCUDA_UNLOCKED=1 LD_PRELOAD=$pre GPUMEMTRACE_FRAMES=0 GPUMEMTRACE_OUTPUT=$SCRATCH/tr/ GPUMEMTRACE_QUIET=1 \
