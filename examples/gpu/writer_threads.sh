@@ -20,6 +20,7 @@ echo "host: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p' | head -1)"
 make -s -C tests/emucuda OUT="$SCRATCH/emu" "$SCRATCH/emu/bench_alloc" || exit 1
 # The emulator must come first: the host's LD_LIBRARY_PATH names the real driver.
 export LD_LIBRARY_PATH=$SCRATCH/emu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+{
 for r in $(seq "$ROUNDS"); do
   # Every other round in reverse order: no build always runs right after the same one.
   order=${VARIANTS:-none base new}
@@ -43,3 +44,19 @@ for r in $(seq "$ROUNDS"); do
     echo "threads round=$r build=$v events_in_trace=$events $line"
   done
 done
+} | tee "$SCRATCH/rows.txt"
+# Per build: median wall time and events/s, the calls' p50 and p99 (their ranges over the rounds).
+python3 - "$SCRATCH/rows.txt" <<'PY'
+import statistics, sys
+rows = [dict(kv.split("=", 1) for kv in l.split() if "=" in kv) for l in open(sys.argv[1]) if "build=" in l]
+for b in dict.fromkeys(r["build"] for r in rows):
+    v = [r for r in rows if r["build"] == b]
+    wall = sorted(int(r["wall_ns"]) / 1e6 for r in v)
+    ev = 2 * int(v[0]["threads"]) * int(v[0]["pairs"])
+    p50 = sorted(int(r["alloc_p50_ns"]) for r in v)
+    p99 = sorted(int(r["alloc_p99_ns"]) for r in v)
+    m = statistics.median(wall)
+    print(f"summary build={b} runs={len(v)} wall_ms_median={m:.1f} ({wall[0]:.0f}-{wall[-1]:.0f}) "
+          f"events_per_s={ev / m / 1e3:.2f}M alloc_p50={p50[0]}-{p50[-1]} alloc_p99={p99[0]}-{p99[-1]} "
+          f"in_trace={','.join(sorted(set(r['events_in_trace'] for r in v)))}")
+PY
