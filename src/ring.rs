@@ -43,13 +43,36 @@ pub fn commits() -> u64 {
 /// their hand-over (their own marks would be one word written by many threads anyway).
 static SHARED_IN_FLIGHT: CachePadded<AtomicU32> = CachePadded::new(AtomicU32::new(0));
 
-/// The words of a ring's control page its owner writes at every event (`Journal::marks`), found
-/// once a stamp and passed along with its mark, so `note_key` and `leave` compute no offsets.
+/// The line of a ring's control page that its owner writes at every event, at the offsets
+/// `journal::ring` names (checked at compile time below).
+#[repr(C)]
+struct Line {
+    head: AtomicU64,
+    busy: AtomicU32,
+    stamp_gen: AtomicU32,
+    seen: AtomicU64,
+    stamp_key: AtomicU64,
+}
+
+const _: () = {
+    assert!(std::mem::offset_of!(Line, head) as u64 == ring::HEAD);
+    assert!(std::mem::offset_of!(Line, busy) as u64 == ring::BUSY);
+    assert!(std::mem::offset_of!(Line, stamp_gen) as u64 == ring::STAMP_GEN);
+    assert!(std::mem::offset_of!(Line, seen) as u64 == ring::SEEN);
+    assert!(std::mem::offset_of!(Line, stamp_key) as u64 == ring::STAMP_KEY);
+};
+
+/// A ring's marks (`Journal::marks`): one pointer to its owner's line, found once a stamp and
+/// passed along with its mark, so `enter`, `note_key` and `leave` compute no offsets.
 #[derive(Clone, Copy, Debug)]
 pub struct Marks {
-    busy: &'static AtomicU32,
-    key_gen: &'static AtomicU32,
-    key: &'static AtomicU64,
+    line: &'static Line,
+}
+
+impl std::fmt::Debug for Line {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Line").field("busy", &self.busy).finish_non_exhaustive()
+    }
 }
 
 /// A thread's mark, as `enter` set it: what `leave` does.
@@ -230,7 +253,7 @@ impl Journal {
             SHARED_IN_FLIGHT.fetch_add(1, SeqCst);
             return Mark::Shared;
         };
-        let b = marks.busy;
+        let b = &marks.line.busy;
         let g = b.load(Relaxed); // only the owner (and its signal handlers) write it
         if g & 1 == 1 {
             return Mark::Nested;
@@ -249,18 +272,25 @@ impl Journal {
     #[link_section = ".text.hot.gpumemtrace"]
     pub fn note_key(mark: Mark, key: u64) {
         if let Mark::Own(m, g) = mark {
-            m.key.store(key, Release);
-            m.key_gen.store(g.wrapping_add(1), Release);
+            m.line.stamp_key.store(key, Release);
+            m.line.stamp_gen.store(g.wrapping_add(1), Release);
         }
     }
 
     /// The marks of ring `i` (none for the shared ring, whose threads count themselves in flight).
     pub fn marks(&'static self, i: usize) -> Option<Marks> {
-        (i != SHARED).then(|| Marks {
-            busy: self.busy(i),
-            key_gen: self.u32(Self::control(i, ring::STAMP_GEN)),
-            key: self.u64(Self::control(i, ring::STAMP_KEY)),
-        })
+        (i != SHARED).then(|| Marks { line: self.line(i) })
+    }
+
+    /// The line of ring `i`'s control page that its producer writes at every event.
+    #[inline(always)]
+    fn line(&self, i: usize) -> &Line {
+        let off = Self::control(i, 0);
+        assert!(off.is_multiple_of(8) && off as usize + std::mem::size_of::<Line>() <= self.len);
+        // SAFETY: the first words of ring `i`'s control page: 8-aligned, inside the mapping,
+        // which lives as long as `self`; `Line` is atomics only, at the format's offsets
+        // (checked at compile time above).
+        unsafe { &*(self.base.add(off as usize) as *const Line) }
     }
 
     /// On the writer: the key of ring `i`'s event in progress, if its owner (seen stamping in
@@ -281,7 +311,7 @@ impl Journal {
     #[link_section = ".text.hot.gpumemtrace"]
     pub fn leave(mark: Mark) {
         match mark {
-            Mark::Own(m, g) => m.busy.store(g.wrapping_add(2), Release),
+            Mark::Own(m, g) => m.line.busy.store(g.wrapping_add(2), Release),
             Mark::Shared => {
                 SHARED_IN_FLIGHT.fetch_sub(1, SeqCst);
             }
@@ -403,14 +433,15 @@ impl Journal {
     #[inline(always)]
     fn push_owned(&self, i: usize, max: usize, mut wait: impl FnMut(u32) -> bool, write: impl FnOnce(u64) -> usize) -> Option<u64> {
         let room = j::entry_bytes(max);
-        let head_at = self.u64(Self::control(i, ring::HEAD));
+        let line = self.line(i);
+        let head_at = &line.head;
         let done_at = self.u64(Self::control(i, ring::COMMITTED));
         let head = head_at.load(Relaxed); // only this producer moves it
         // The committed position as this producer last read it, on the line of its head: positions
         // only grow, so room below it is known without reading the writer's word, whose line
         // the writer takes away at every commit. Only this producer (or the shared ring's lock
         // holder) uses it.
-        let seen = self.u64(Self::control(i, ring::SEEN));
+        let seen = &line.seen;
         let mut tries = 0;
         let mut done = seen.load(Relaxed);
         let done = loop {
