@@ -63,8 +63,9 @@ pub struct Writer {
     py_by_key: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
     /// Threads a Thread record was written for.
     threads: FxHashSet<u32>,
-    /// The thread of the previous event (no lookup while it stays the same).
-    last_tid: u32,
+    /// Threads seen lately, by `tid % 64` (no set lookup for them: with many busy threads the
+    /// thread changes at nearly every event).
+    recent_tids: [u32; 64],
     /// Objects written to the trace, by (path, bias).
     modules: Vec<Object>,
     /// Addresses found in no loaded object even after a rescan (JIT code...): don't rescan.
@@ -128,7 +129,7 @@ impl Writer {
             py_stacks: HashMap::new(),
             py_by_key: HashMap::default(),
             threads: FxHashSet::default(),
-            last_tid: 0,
+            recent_tids: [0; 64],
             modules: Vec::new(),
             unmapped: HashSet::new(),
             loads: 0,
@@ -291,10 +292,13 @@ impl Writer {
         if let Some(n) = crate::python::take_notice() {
             self.notice(&n);
         }
-        if ev.tid != self.last_tid && self.threads.insert(ev.tid) {
-            self.thread(ev.tid, ev.thread_name, ev.py_tstate);
+        let slot = ev.tid as usize % 64;
+        if self.recent_tids[slot] != ev.tid {
+            self.recent_tids[slot] = ev.tid;
+            if self.threads.insert(ev.tid) {
+                self.thread(ev.tid, ev.thread_name, ev.py_tstate);
+            }
         }
-        self.last_tid = ev.tid;
         let pystack = match ev.py {
             Some(py) => self.intern_py(*py, ev.py_key),
             // A stack the thread sent before: its key is enough.
