@@ -251,7 +251,9 @@ impl Encoder {
     /// the same address).
     #[inline]
     pub fn encode_event(&mut self, e: &Event, out: &mut Vec<u8>) {
-        let mut p = Fixed { b: &mut self.event, n: 0 };
+        // The payload starts at 3: its tag and length go in front of it, and the record leaves
+        // in one copy.
+        let mut p = Fixed { b: &mut self.event, n: 3 };
         p.uv(e.api as u64);
         p.sv(e.time_ns.wrapping_sub(self.prev.time_ns) as i64);
         p.sv((e.tid as i64).wrapping_sub(self.prev.tid as i64));
@@ -276,9 +278,18 @@ impl Encoder {
                 p.n -= 1;
             }
         }
-        out.push(tag::EVENT);
-        put_uv(out, p.n as u64);
-        out.extend_from_slice(&p.b[..p.n]);
+        // At most 14 varints of 10 bytes: the length takes one byte or two.
+        let len = p.n - 3;
+        let from = if len < 0x80 {
+            p.b[2] = len as u8;
+            1
+        } else {
+            p.b[1] = (len as u8) | 0x80;
+            p.b[2] = (len >> 7) as u8;
+            0
+        };
+        p.b[from] = tag::EVENT;
+        out.extend_from_slice(&p.b[from..p.n]);
     }
 }
 
