@@ -210,13 +210,14 @@ static BY_TIME: AtomicBool = AtomicBool::new(false);
 /// increment would take away from other threads the lines of whatever the linker put beside it.
 static SEQ: CachePadded<AtomicU64> = CachePadded::new(AtomicU64::new(0));
 
-/// An event's order key and timestamp, read after its thread's stamping mark (the mark's locked
-/// instruction makes the mark visible to every CPU before it completes).
+/// An event's order key and timestamp, read after its thread's stamping mark (a plain store:
+/// it may reach other CPUs a little after this read, which the writer's `SLACK_NS` covers).
 ///
 /// No fence keeps the counter's read after the mark here (`lfence` cost 20 ns an event on the
-/// VM): the read may run ahead of the mark by the locked instruction's latency, tens of
-/// nanoseconds, so a key can fall that much below a horizon the writer read meanwhile. Such an
-/// event is written late and counted (`Writer::stats`); it is never out of order with what it
+/// VM): the read may run ahead of the mark by the pipeline's depth, and the mark may wait in the
+/// store buffer, so a key can fall a little below a horizon the writer read meanwhile (well within
+/// the slack). An event beyond it is written late and counted (`Writer::stats`); it is never out
+/// of order with what it
 /// caused: a free's key precedes its real call, whose completion precedes any reuse of the memory
 /// and that allocation's key by far more than that.
 #[link_section = ".text.hot.gpumemtrace"]

@@ -262,8 +262,18 @@ impl Journal {
         // generation on by two (its own enter and leave); the increment, one instruction, then
         // starts from there, and the generation is read back. Once it is odd, nested calls leave
         // it alone until `leave`.
+        #[cfg(test)]
+        tests::BETWEEN.with(|f| f.take().map(|f| f()));
         bump(b);
-        Mark::Own(marks, b.load(Relaxed).wrapping_sub(1))
+        let mut odd = b.load(Relaxed);
+        if odd & 1 == 0 {
+            // A nested call entered in that window and never left (a handler that jumped out):
+            // its mark was left odd, and the increment made it even. One more makes it this
+            // call's own again (the nested event, if any, is written late).
+            bump(b);
+            odd = b.load(Relaxed);
+        }
+        Mark::Own(marks, odd.wrapping_sub(1))
     }
 
     /// The order key the thread took after `enter` (`mark`): the writer need not wait for the
@@ -627,15 +637,57 @@ mod tests {
         Journal::leave(outer);
         assert_eq!(jn.stamping(4), Seen::Idle);
         assert!(jn.moved_on(4, g + 1));
-        // Whatever moved the generation on before the increment (a nested call that ran whole
-        // between the outer call's read and its increment), the call takes the one it finds.
-        bump(jn.busy(4));
-        bump(jn.busy(4));
-        let late = Journal::enter(marks);
-        let Mark::Own(_, g2) = late else { panic!("the ring's own mark") };
-        assert_eq!(g2, g + 4);
-        Journal::leave(late);
-        assert_eq!(jn.stamping(4), Seen::Idle);
+    }
+
+    /// A signal handler's call that runs whole between `enter`'s read and its increment: the
+    /// outer call takes the generation after it, marked, and leaves the ring idle.
+    #[test]
+    fn a_call_nested_between_the_read_and_the_increment_leaves_the_outer_one_marked() {
+        let jn: &'static Journal = Box::leak(Box::new(Journal::create(&std::env::temp_dir().join("gmt-mark-test2.trace"), 0o600, false).unwrap()));
+        let marks = jn.marks(6);
+        fn nested() {
+            let jn = NESTED_JOURNAL.with(|j| j.get().unwrap());
+            let inner = Journal::enter(jn.marks(6));
+            assert!(matches!(inner, Mark::Own(..)), "the outer call had not marked yet");
+            Journal::note_key(inner, 3);
+            Journal::leave(inner);
+        }
+        NESTED_JOURNAL.with(|j| j.set(Some(jn)));
+        BETWEEN.with(|f| f.set(Some(nested)));
+        let outer = Journal::enter(marks);
+        let Mark::Own(_, g) = outer else { panic!("the ring's own mark") };
+        assert_eq!(g, 2, "generation 0, two for the nested call's enter and leave");
+        assert_eq!(jn.stamping(6), Seen::Busy(3));
+        Journal::note_key(outer, 9);
+        assert_eq!(jn.stamped_key(6, 3), Some(9));
+        Journal::leave(outer);
+        assert_eq!(jn.stamping(6), Seen::Idle);
+    }
+
+    /// A nested call that enters in that window and never leaves (a handler that jumps out):
+    /// the outer call still ends up marked, and idle again once it leaves.
+    #[test]
+    fn a_call_nested_there_that_never_leaves_does_not_unmark_the_outer_one() {
+        let jn: &'static Journal = Box::leak(Box::new(Journal::create(&std::env::temp_dir().join("gmt-mark-test3.trace"), 0o600, false).unwrap()));
+        let marks = jn.marks(7);
+        fn nested_gone() {
+            let jn = NESTED_JOURNAL.with(|j| j.get().unwrap());
+            let _abandoned = Journal::enter(jn.marks(7));
+        }
+        NESTED_JOURNAL.with(|j| j.set(Some(jn)));
+        BETWEEN.with(|f| f.set(Some(nested_gone)));
+        let outer = Journal::enter(marks);
+        assert!(matches!(outer, Mark::Own(..)));
+        assert!(matches!(jn.stamping(7), Seen::Busy(_)), "marked while stamping");
+        Journal::leave(outer);
+        assert_eq!(jn.stamping(7), Seen::Idle);
+    }
+
+    thread_local! {
+        /// Run by `Journal::enter` between its read of the mark and its increment (tests only):
+        /// where a signal handler's nested call could fall.
+        pub(super) static BETWEEN: std::cell::Cell<Option<fn()>> = const { std::cell::Cell::new(None) };
+        static NESTED_JOURNAL: std::cell::Cell<Option<&'static Journal>> = const { std::cell::Cell::new(None) };
     }
 
     #[test]

@@ -76,8 +76,8 @@ fn stripe() -> Option<&'static Stripe> {
 
 /// Parts of the native stack's time (src/fastunwind.rs): evaluating unwind rules, finding how a
 /// frame uses rbp (a second, poisoned evaluation), and checking the memo of the previous walk;
-/// and, counted in the parts above, stamping the event (`tracer::stamp`: the ring's mark, a
-/// locked instruction on the thread's own line, and the clock read behind a fence).
+/// and, counted in the parts above, stamping the event (`tracer::stamp`: the clock read and the
+/// noted key, after the ring's mark, a plain increment on the thread's own line).
 #[derive(Clone, Copy)]
 pub enum Sub {
     Rule = 0,

@@ -560,9 +560,8 @@ fn writer_loop() {
             let r = if w.rings_filling() { w.flush_busy() } else { w.flush_if_due() };
             if n > 0 {
                 idle_sleep = WRITER_POLL;
-                // The output moves again. Stored only when set: the flag shares its cache line
-                // with what every hook reads (the state, the tracer), which a store would take
-                // away from them at every pass.
+                // The output moves again. Stored only when set: hooks read the flag while they
+                // wait for room, and a store at every pass would take its line away from them.
                 if STALLED.load(Relaxed) {
                     STALLED.store(false, SeqCst);
                 }
@@ -664,8 +663,12 @@ fn write_out(t: &Tracer, final_: bool) {
     let settled = t0 + Duration::from_nanos(crate::clock::SLACK_NS);
     let mut w = lock(&t.writer);
     loop {
+        // Idle marks, seen before the drain (and once the slack has passed): every event handed
+        // over before they were read is in a ring, and the drain reads it. Read after the drain,
+        // a hook could hand one over in between, unread.
+        let idle = Instant::now() >= settled && !t.journal.any_busy();
         let read = w.drain().unwrap_or(0);
-        if !t.journal.any_busy() && read == 0 && Instant::now() >= settled {
+        if idle && read == 0 {
             break;
         }
         if t0.elapsed() > Duration::from_secs(2) {

@@ -47,10 +47,12 @@ fn a_warm_event_is_written_as_the_plan_writes_it() {
         assert_eq!(decode_warm(&long), None);
         assert!(decode(&long).is_err());
     }
-    // Only an event entry is read as one: a phase of the same length is not.
+    // Only an event entry is read as one: a phase whose bytes would pass for a warm event (no
+    // optional fields where the mask would be, an event's length) is not.
     let mut phase = Vec::new();
-    encode(&Msg::Phase(RawPhase { seq: 2, time_ns: 5, tid: 77, op: PhaseOp::Push, name: "p".into() }), &mut phase);
+    encode(&Msg::Phase(RawPhase { seq: 2, time_ns: 0, tid: 77, op: PhaseOp::Push, name: "p".into() }), &mut phase);
     phase.resize(EVENT_FIXED, 0);
+    assert!(decode_warm(&phase).is_some(), "the layout alone would take it");
     assert_eq!(decode_warm_event(&phase), None);
     let mut buf = [0u8; WARM_MAX];
     let named = RawEvent { thread_name: Some("t".into()), ..event(0) };
