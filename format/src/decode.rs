@@ -216,6 +216,12 @@ fn read_full<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
     Ok(n)
 }
 
+#[cold]
+#[inline(never)]
+fn too_wide(what: &str, v: u64) -> String {
+    format!("{what} {v} does not fit in 32 bits")
+}
+
 /// A cursor over one record's payload.
 struct Payload<'a> {
     b: &'a [u8],
@@ -223,13 +229,29 @@ struct Payload<'a> {
 }
 
 impl<'a> Payload<'a> {
-    #[inline]
+    /// Most numbers fit in one byte: that case is inlined at every field, the rest is not.
+    #[inline(always)]
     fn uv(&mut self) -> Result<u64, String> {
-        // Most numbers fit in one byte.
         if let Some(&b) = self.b.get(self.pos) {
             if b < 0x80 {
                 self.pos += 1;
                 return Ok(b as u64);
+            }
+        }
+        self.uv_long()
+    }
+    #[inline(never)]
+    fn uv_long(&mut self) -> Result<u64, String> {
+        // Up to 9 bytes in one go when the payload holds them (a number of 10 bytes, or one at
+        // the payload's end, takes the byte-by-byte way below).
+        if let Some(w) = self.b.get(self.pos..self.pos + 9) {
+            let mut v = 0u64;
+            for (i, &b) in w.iter().enumerate() {
+                v |= ((b & 0x7f) as u64) << (7 * i);
+                if b & 0x80 == 0 {
+                    self.pos += i + 1;
+                    return Ok(v);
+                }
             }
         }
         let mut v = 0u64;
@@ -245,12 +267,15 @@ impl<'a> Payload<'a> {
         }
         Err("number is longer than 10 bytes".into())
     }
-    #[inline]
+    #[inline(always)]
     fn u32(&mut self, what: &str) -> Result<u32, String> {
         let v = self.uv()?;
-        u32::try_from(v).map_err(|_| format!("{what} {v} does not fit in 32 bits"))
+        match u32::try_from(v) {
+            Ok(v) => Ok(v),
+            Err(_) => Err(too_wide(what, v)),
+        }
     }
-    #[inline]
+    #[inline(always)]
     fn sv(&mut self) -> Result<i64, String> {
         let v = self.uv()?;
         Ok(((v >> 1) as i64) ^ -((v & 1) as i64))
@@ -476,4 +501,64 @@ fn decode(t: u8, b: &[u8], version: u16, prev: &mut Prev) -> Result<Record, Stri
     };
     // Trailing bytes are allowed: a newer writer may append fields to a record.
     Ok(rec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn numbers() -> Vec<u64> {
+        let mut v: Vec<u64> = (0..64).flat_map(|k| [(1u64 << k) - 1, 1u64 << k, (1u64 << k) + 1]).collect();
+        v.push(u64::MAX);
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..1000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            v.push(x >> (x % 64));
+        }
+        v
+    }
+
+    /// Every number reads back whatever follows it: the payload's end right after it (the
+    /// byte-by-byte way), a few bytes (the same), or enough for the whole-window way.
+    #[test]
+    fn a_number_reads_back_wherever_it_ends_in_its_payload() {
+        for n in numbers() {
+            for tail in [0usize, 1, 5, 9, 16] {
+                let mut b = Vec::new();
+                crate::encode::put_uv(&mut b, n);
+                let len = b.len();
+                b.extend(std::iter::repeat_n(0xff, tail));
+                let mut p = Payload { b: &b, pos: 0 };
+                assert_eq!(p.uv(), Ok(n), "{n} with {tail} bytes after it");
+                assert_eq!(p.pos, len, "{n}: the cursor moves past the number only");
+            }
+        }
+    }
+
+    #[test]
+    fn a_number_cut_by_its_payloads_end_or_over_ten_bytes_is_an_error() {
+        for n in numbers().into_iter().filter(|&n| n >= 0x80) {
+            let mut b = Vec::new();
+            crate::encode::put_uv(&mut b, n);
+            b.pop();
+            assert_eq!(Payload { b: &b, pos: 0 }.uv(), Err("record payload ends inside a number".into()), "{n}");
+        }
+        for len in [11usize, 12, 20] {
+            let mut b = vec![0x80u8; len];
+            b[len - 1] = 0x01;
+            assert_eq!(Payload { b: &b, pos: 0 }.uv(), Err("number is longer than 10 bytes".into()), "{len} bytes");
+        }
+    }
+
+    #[test]
+    fn a_32_bit_field_over_32_bits_names_the_field() {
+        let mut b = Vec::new();
+        crate::encode::put_uv(&mut b, 1 << 32);
+        assert_eq!(Payload { b: &b, pos: 0 }.u32("stack id"), Err("stack id 4294967296 does not fit in 32 bits".into()));
+        let mut b = Vec::new();
+        crate::encode::put_uv(&mut b, u32::MAX as u64);
+        assert_eq!(Payload { b: &b, pos: 0 }.u32("stack id"), Ok(u32::MAX));
+    }
 }
