@@ -159,10 +159,16 @@ impl<R: Read> Reader<R> {
     }
 
     /// Makes at least `want` unread bytes available in `buf[pos..end]`, or all that remain.
+    #[inline(always)]
     fn fill(&mut self, want: usize) -> io::Result<()> {
         if self.end - self.pos >= want || self.eof {
             return Ok(());
         }
+        self.refill(want)
+    }
+
+    #[inline(never)]
+    fn refill(&mut self, want: usize) -> io::Result<()> {
         // Keep the unread tail, then read in large chunks (records are bounded, so is this).
         self.buf.copy_within(self.pos..self.end, 0);
         self.end -= self.pos;
