@@ -2,6 +2,7 @@
 //! replay of their events (`replay`, with the live set, the phases and the filter) that every
 //! report's figures come from. Depends on the format crate only.
 
+pub mod byid;
 pub mod filter;
 pub mod input;
 pub mod live;

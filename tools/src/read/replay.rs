@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 
 use gpumemtrace_format::{Api, Event, MemKind, Op, Phase, Record};
-use rustc_hash::FxHashMap;
 
 use super::filter::{Admission, Filter};
 use super::live::{GroupKey, Live, LiveSet};
@@ -78,7 +77,7 @@ impl Observer for () {
 
 /// The replay state machine. Both passes of the model, and every merged trace, use it.
 pub struct Replay {
-    apis: FxHashMap<u32, Api>,
+    apis: super::byid::ById<Api>,
     books: Books,
     phases: Phases,
     admission: Admission,
@@ -94,7 +93,7 @@ impl Replay {
     /// A replay counting the events `filter` admits; `keep_spans`: keep the phase spans.
     pub fn new(filter: &Filter, keep_spans: bool) -> Replay {
         Replay {
-            apis: FxHashMap::default(),
+            apis: Default::default(),
             books: Books::default(),
             phases: Phases::new(keep_spans),
             admission: Admission::new(filter.clone()),
@@ -132,7 +131,7 @@ impl Replay {
 
     /// The API record of id `id`.
     pub fn api_of(&self, id: u32) -> Option<&Api> {
-        self.apis.get(&id)
+        self.apis.get(id)
     }
 
     pub fn phase(&mut self, p: &Phase) {
@@ -143,7 +142,7 @@ impl Replay {
     /// Applies one event and shows its step to `obs` unless the filter left it out. Returns
     /// false when the event's API is unknown (nothing is applied then).
     pub fn apply(&mut self, e: &Event, obs: &mut dyn Observer) -> bool {
-        let Some(api) = self.apis.get(&e.api) else { return false };
+        let Some(api) = self.apis.get(e.api) else { return false };
         self.ordinal += 1;
         self.last_ns = self.last_ns.max(e.time_ns);
         self.end_ns = self.end_ns.max(e.time_ns);
