@@ -334,3 +334,51 @@ fn live_follows_a_growing_trace_and_ends_with_its_summary() {
     assert_eq!(rest, ok(&["summary", s(&trace)]));
     assert!(rest.contains("10 allocations, 54.0 MiB allocated"), "{rest}");
 }
+
+/// A reader of a trace still being written reads the journal, then the trace: the journal says
+/// whether the writer wrote to the trace in between (then what it would add may be in the trace
+/// already, and `live` reads both again), and, once the process is done and the journal gone,
+/// that it no longer describes the trace.
+#[test]
+fn the_journal_says_when_the_trace_was_written_after_it_was_read() {
+    use std::time::{Duration, Instant};
+    let dir = scratch("views-journal-marks");
+    let trace = dir.join("marks.trace");
+    let mut prog = Command::new(emu().join("prog_views"))
+        .arg("step")
+        .current_dir(&dir)
+        .env("LD_PRELOAD", shim())
+        .env("GPUMEMTRACE_OUTPUT", &trace)
+        .env("GPUMEMTRACE_QUIET", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut feed = prog.stdin.take().unwrap();
+    let events_in_trace = || -> usize {
+        let Ok(f) = std::fs::File::open(&trace) else { return 0 };
+        let Ok(r) = gpumemtrace_format::Reader::new(std::io::BufReader::new(f)) else { return 0 };
+        r.map_while(Result::ok).filter(|x| matches!(x, gpumemtrace_format::Record::Event(_))).count()
+    };
+    let wait_for = |what: &str, ok: &dyn Fn() -> bool| {
+        let until = Instant::now() + Duration::from_secs(10);
+        while !ok() {
+            assert!(Instant::now() < until, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    // The program waits before its sixth allocation; its writer writes the first five.
+    wait_for("the first five allocations in the trace", &|| events_in_trace() >= 5);
+    let journal = gpumemtrace_format::recover::Recovery::beside(&trace).unwrap().expect("a journal beside the running trace");
+    assert!(journal.still_current(), "nothing was written since it was read");
+    feed.write_all(b"x").unwrap();
+    feed.flush().unwrap();
+    // The sixth allocation reaches the trace within the writer's flush interval.
+    wait_for("the sixth allocation in the trace", &|| events_in_trace() >= 6);
+    wait_for("the journal to say so", &|| !journal.still_current());
+    feed.write_all(b"xxx").unwrap();
+    drop(feed);
+    assert!(prog.wait().unwrap().success());
+    assert!(!gpumemtrace_format::journal::path_for(&trace).exists(), "the process removes its journal with a complete trace");
+    assert!(!journal.still_current(), "a journal that is gone describes no trace");
+}

@@ -91,6 +91,23 @@ impl Journal {
         Ok(Journal { pid, events_proposed, proposed, committed, entries, dict, damaged })
     }
 
+    /// The writer's marks as the journal at `path` holds them now: the proposed event count,
+    /// the proposed and the committed positions (what [`Journal::read`] took them to be).
+    fn marks(path: &Path) -> io::Result<(u64, Vec<u64>, Vec<u64>)> {
+        let f = File::open(path)?;
+        let mut h = vec![0u8; HEADER_BYTES as usize];
+        f.read_exact_at(&mut h, 0)?;
+        let u64_at = |b: &[u8], o: u64| u64::from_le_bytes(b[o as usize..o as usize + 8].try_into().expect("8 bytes"));
+        let proposed = (0..RINGS).map(|i| u64_at(&h, header::PROPOSED + 8 * i as u64)).collect();
+        let mut control = [0u8; 8];
+        let mut committed = Vec::with_capacity(RINGS);
+        for i in 0..RINGS {
+            f.read_exact_at(&mut control, ring_offset(i) + ring::COMMITTED)?;
+            committed.push(u64::from_le_bytes(control));
+        }
+        Ok((u64_at(&h, header::EVENTS_PROPOSED), proposed, committed))
+    }
+
     /// Entries not yet committed to the trace.
     pub fn pending(&self) -> usize {
         self.entries.len()
@@ -141,6 +158,17 @@ impl Recovery {
             max_id: [0; 3],
             modules: Vec::new(),
         }
+    }
+
+    /// Whether the journal still holds the writer's marks it held when it was read: then no
+    /// write to the trace began or ended since, and a trace read meanwhile is the one these
+    /// marks describe. A reader of a trace that is still being written (`live`) reads the
+    /// journal, then the trace, then asks this: otherwise entries the writer wrote to the trace
+    /// after the journal was read would be recovered too, and counted twice. `false` when the
+    /// journal is gone (its process completed the trace and removed it).
+    pub fn still_current(&self) -> bool {
+        let j = &self.journal;
+        Journal::marks(&self.path).is_ok_and(|(n, p, c)| n == j.events_proposed && p == j.proposed && c == j.committed)
     }
 
     pub fn observe(&mut self, rec: &Record) {

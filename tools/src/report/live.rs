@@ -102,19 +102,33 @@ fn look(path: &Path, filter: &Filter) -> Look {
         }
         _ => {}
     }
+    // The journal is read before the trace: if the writer wrote to the trace meanwhile, the
+    // journal's marks are older than the trace read, and what it completes the trace with would
+    // count some events twice. Then both are read again; a writer that keeps writing through
+    // three reads leaves the trace alone shown (what it has written, none of it twice), to be
+    // completed at a later refresh.
+    for _ in 0..3 {
+        let (look, journal) = look_once(path, filter, true);
+        let stale = matches!(look, Look::Trace(_)) && journal.is_some_and(|j| !j.still_current());
+        if !stale {
+            return look;
+        }
+    }
+    look_once(path, filter, false).0
+}
+
+/// The trace read once, and the journal beside it as read before the trace (if `with_journal`).
+fn look_once(path: &Path, filter: &Filter, with_journal: bool) -> (Look, Option<gpumemtrace_format::recover::Recovery>) {
     let input = match Input::open(path) {
+        Ok(Input::File { path, len, .. }) if !with_journal => Input::File { path, len, recovery: None },
         Ok(i) => i,
         Err(e) => {
-            return {
-                let e = e.to_string();
-                Look::NotYet(
-                    e.split_once(": ")
-                        .map_or(e.clone(), |(_, why)| why.to_string()),
-                )
-            }
+            let e = e.to_string();
+            return (Look::NotYet(e.split_once(": ").map_or(e.clone(), |(_, why)| why.to_string())), None);
         }
     };
-    match crate::model::load_input(&input, filter, &mut ()) {
+    let journal = input.recovery();
+    let look = match crate::model::load_input(&input, filter, &mut ()) {
         Ok(t) => Look::Trace(Box::new(t)),
         Err(e) => {
             let e = e.to_string();
@@ -123,7 +137,8 @@ fn look(path: &Path, filter: &Filter) -> Look {
                     .map_or(e.clone(), |(_, why)| why.to_string()),
             )
         }
-    }
+    };
+    (look, journal)
 }
 
 /// The trace is complete (its process wrote the final Stats record), or its process is gone.
