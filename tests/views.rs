@@ -265,21 +265,27 @@ fn refresh_allocations(line: &str) -> u64 {
     before.rsplit(' ').next().unwrap().parse().unwrap_or_else(|_| panic!("{line}"))
 }
 
+/// `prog_views step`, traced to `trace`: it waits for a byte on stdin before each of part b's
+/// four allocations (its sixth to ninth).
+fn stepping_views(dir: &Path, trace: &Path) -> std::process::Child {
+    Command::new(emu().join("prog_views"))
+        .arg("step")
+        .current_dir(dir)
+        .env("LD_PRELOAD", shim())
+        .env("GPUMEMTRACE_OUTPUT", trace)
+        .env("GPUMEMTRACE_QUIET", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn live_follows_a_growing_trace_and_ends_with_its_summary() {
     let dir = scratch("views-live");
     let trace = dir.join("live.trace");
     // The program waits for a byte on stdin before each of part b's four allocations.
-    let mut prog = Command::new(emu().join("prog_views"))
-        .arg("step")
-        .current_dir(&dir)
-        .env("LD_PRELOAD", shim())
-        .env("GPUMEMTRACE_OUTPUT", &trace)
-        .env("GPUMEMTRACE_QUIET", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut prog = stepping_views(&dir, &trace);
     let mut feed = prog.stdin.take().unwrap();
     let mut live = Command::new(cli())
         .args(["live", "--interval", "50ms"])
@@ -344,16 +350,7 @@ fn the_journal_says_when_the_trace_was_written_after_it_was_read() {
     use std::time::{Duration, Instant};
     let dir = scratch("views-journal-marks");
     let trace = dir.join("marks.trace");
-    let mut prog = Command::new(emu().join("prog_views"))
-        .arg("step")
-        .current_dir(&dir)
-        .env("LD_PRELOAD", shim())
-        .env("GPUMEMTRACE_OUTPUT", &trace)
-        .env("GPUMEMTRACE_QUIET", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut prog = stepping_views(&dir, &trace);
     let mut feed = prog.stdin.take().unwrap();
     let events_in_trace = || -> usize {
         let Ok(f) = std::fs::File::open(&trace) else { return 0 };

@@ -11,6 +11,20 @@ use crate::journal::*;
 use crate::raw::{Msg, RawEvent};
 use crate::{PyCode, PyFrame, Record};
 
+fn u32_at(b: &[u8], o: u64) -> u32 {
+    u32::from_le_bytes(b[o as usize..o as usize + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], o: u64) -> u64 {
+    u64::from_le_bytes(b[o as usize..o as usize + 8].try_into().expect("8 bytes"))
+}
+
+/// The proposal in a journal header `h`: the event count and ring positions the trace will have
+/// once the write in progress completes.
+fn proposal(h: &[u8]) -> (u64, Vec<u64>) {
+    (u64_at(h, header::EVENTS_PROPOSED), (0..RINGS).map(|i| u64_at(h, header::PROPOSED + 8 * i as u64)).collect())
+}
+
 /// A journal as a reader finds it.
 #[derive(Clone)]
 pub struct Journal {
@@ -35,8 +49,6 @@ impl Journal {
         if &h[..8] != MAGIC {
             return Err(bad("not a gpumemtrace journal"));
         }
-        let u32_at = |b: &[u8], o: u64| u32::from_le_bytes(b[o as usize..o as usize + 4].try_into().expect("4 bytes"));
-        let u64_at = |b: &[u8], o: u64| u64::from_le_bytes(b[o as usize..o as usize + 8].try_into().expect("8 bytes"));
         if u32_at(&h, header::VERSION) != VERSION
             || u32_at(&h, header::RINGS) as usize != RINGS
             || u64_at(&h, header::RING_BYTES) != RING_BYTES
@@ -44,8 +56,7 @@ impl Journal {
             return Err(bad("a journal of another version"));
         }
         let pid = u32_at(&h, header::PID);
-        let events_proposed = u64_at(&h, header::EVENTS_PROPOSED);
-        let proposed: Vec<u64> = (0..RINGS).map(|i| u64_at(&h, header::PROPOSED + 8 * i as u64)).collect();
+        let (events_proposed, proposed) = proposal(&h);
         let mut committed = Vec::with_capacity(RINGS);
         let mut entries = Vec::new();
         let mut damaged = false;
@@ -97,15 +108,14 @@ impl Journal {
         let f = File::open(path)?;
         let mut h = vec![0u8; HEADER_BYTES as usize];
         f.read_exact_at(&mut h, 0)?;
-        let u64_at = |b: &[u8], o: u64| u64::from_le_bytes(b[o as usize..o as usize + 8].try_into().expect("8 bytes"));
-        let proposed = (0..RINGS).map(|i| u64_at(&h, header::PROPOSED + 8 * i as u64)).collect();
-        let mut control = [0u8; 8];
+        let (events_proposed, proposed) = proposal(&h);
+        let mut word = [0u8; 8];
         let mut committed = Vec::with_capacity(RINGS);
         for i in 0..RINGS {
-            f.read_exact_at(&mut control, ring_offset(i) + ring::COMMITTED)?;
-            committed.push(u64::from_le_bytes(control));
+            f.read_exact_at(&mut word, ring_offset(i) + ring::COMMITTED)?;
+            committed.push(u64_at(&word, 0));
         }
-        Ok((u64_at(&h, header::EVENTS_PROPOSED), proposed, committed))
+        Ok((events_proposed, proposed, committed))
     }
 
     /// Entries not yet committed to the trace.

@@ -108,8 +108,7 @@ fn look(path: &Path, filter: &Filter) -> Look {
     // three reads leaves the trace alone shown (what it has written, none of it twice), to be
     // completed at a later refresh.
     for _ in 0..3 {
-        let (look, journal) = look_once(path, filter, true);
-        let stale = matches!(look, Look::Trace(_)) && journal.is_some_and(|j| !j.still_current());
+        let (look, stale) = look_once(path, filter, true);
         if !stale {
             return look;
         }
@@ -117,28 +116,22 @@ fn look(path: &Path, filter: &Filter) -> Look {
     look_once(path, filter, false).0
 }
 
-/// The trace read once, and the journal beside it as read before the trace (if `with_journal`).
-fn look_once(path: &Path, filter: &Filter, with_journal: bool) -> (Look, Option<gpumemtrace_format::recover::Recovery>) {
+/// The trace read once (completed by the journal beside it if `with_journal`), and whether the
+/// writer wrote to the trace after the journal was read.
+fn look_once(path: &Path, filter: &Filter, with_journal: bool) -> (Look, bool) {
+    let not_yet = |e: String| Look::NotYet(e.split_once(": ").map_or(e.clone(), |(_, why)| why.to_string()));
     let input = match Input::open(path) {
         Ok(Input::File { path, len, .. }) if !with_journal => Input::File { path, len, recovery: None },
         Ok(i) => i,
-        Err(e) => {
-            let e = e.to_string();
-            return (Look::NotYet(e.split_once(": ").map_or(e.clone(), |(_, why)| why.to_string())), None);
-        }
+        Err(e) => return (not_yet(e.to_string()), false),
     };
-    let journal = input.recovery();
-    let look = match crate::model::load_input(&input, filter, &mut ()) {
-        Ok(t) => Look::Trace(Box::new(t)),
-        Err(e) => {
-            let e = e.to_string();
-            Look::NotYet(
-                e.split_once(": ")
-                    .map_or(e.clone(), |(_, why)| why.to_string()),
-            )
+    match crate::model::load_input(&input, filter, &mut ()) {
+        Ok(t) => {
+            let stale = matches!(&input, Input::File { recovery: Some(j), .. } if !j.still_current());
+            (Look::Trace(Box::new(t)), stale)
         }
-    };
-    (look, journal)
+        Err(e) => (not_yet(e.to_string()), false),
+    }
 }
 
 /// The trace is complete (its process wrote the final Stats record), or its process is gone.
