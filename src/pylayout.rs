@@ -195,7 +195,11 @@ pub fn debug_offsets(layout: &mut Layout, rt: u64) -> Result<(), String> {
 /// lower half (user space), past the first page.
 #[inline]
 pub fn plausible(p: u64, align: u64) -> bool {
-    (4096..(1 << 47)).contains(&p) && p.is_multiple_of(align)
+    debug_assert!(align.is_power_of_two() && align <= 4096);
+    // One comparison: rotated, a misaligned address's low bits land on top and make it huge
+    // (4096 is a multiple of `align`, so the subtraction keeps them).
+    let tz = align.trailing_zeros();
+    p.wrapping_sub(4096).rotate_right(tz) < ((1 << 47) - 4096) >> tz
 }
 
 /// # Safety
@@ -209,6 +213,18 @@ pub unsafe fn read<T: Copy>(addr: u64) -> T {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plausible_pointers_are_aligned_user_space_past_the_first_page() {
+        let naive = |p: u64, align: u64| (4096..(1u64 << 47)).contains(&p) && p % align == 0;
+        let edges = [0, 1, 7, 8, 4088, 4095, 4096, 4097, 4100, 4104, (1 << 47) - 8, (1 << 47) - 4, (1 << 47) - 1, 1 << 47, (1 << 47) + 8];
+        let more = [u64::MAX, u64::MAX - 7, 0x7fff_ffff_f000, 0x5555_5555_4000, 0x5555_5555_4003, 1 << 63];
+        for p in edges.into_iter().chain(more) {
+            for align in [1, 2, 4, 8, 16] {
+                assert_eq!(plausible(p, align), naive(p, align), "{p:#x} aligned to {align}");
+            }
+        }
+    }
 
     #[test]
     fn versions_parse() {

@@ -30,10 +30,7 @@ pub(super) unsafe fn signature(at: &SigOffsets, code: u64) -> u64 {
         // SAFETY: a field of a live code object (3.12+ layout).
         let version = unsafe { read::<u32>(code + off) };
         if version != 0 {
-            // Odd, and apart from the strings' signatures only by chance (2^-63).
-            let mut h = (version as u64 ^ 0xC0DE_0000_0000_0000).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            h ^= h >> 31;
-            return h | 1;
+            return numbered(version);
         }
     }
     // SAFETY: fields of a live code object; its name and file name are live `str` objects
@@ -51,6 +48,15 @@ pub(super) unsafe fn signature(at: &SigOffsets, code: u64) -> u64 {
         h = (h ^ v).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         h ^= h >> 31;
     }
+    h | 1
+}
+
+/// The signature of a code object numbered `version` (not 0): odd, and apart from the strings'
+/// signatures only by chance (2^-63).
+#[inline(always)]
+pub(super) fn numbered(version: u32) -> u64 {
+    let mut h = (version as u64 ^ 0xC0DE_0000_0000_0000).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    h ^= h >> 31;
     h | 1
 }
 

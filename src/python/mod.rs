@@ -31,10 +31,11 @@ use std::sync::Mutex;
 
 use once_cell::sync::OnceCell;
 
-use crate::pylayout::{debug_offsets, parse_version, plausible, read, Layout, FRAME_OWNED_BY_CSTACK};
+use crate::pylayout::{debug_offsets, parse_version, plausible, read, Layout};
 
 mod code;
-use code::{code_info, signature, SigOffsets};
+mod walk;
+use walk::{current_frame, walk};
 use crate::record::{PyCapture, RawPyFrame};
 use crate::resolve::dlsym_quiet;
 
@@ -523,109 +524,6 @@ fn find_key(tstate: u64) {
     let (n, lowest) = holding.fold((0, KEY_NONE), |(n, low), k| (n + 1, low.min(k)));
     KEY_CANDIDATES.store(n, Relaxed);
     TSS_KEY.store(lowest, Relaxed);
-}
-
-/// The thread's innermost frame pointer (unchecked: the caller tests it with `plausible`).
-///
-/// # Safety
-/// `tstate` must be the calling thread's live thread state of the detected interpreter.
-#[link_section = ".text.hot.gpumemtrace"]
-unsafe fn current_frame(l: &Layout, tstate: u64) -> u64 {
-    // SAFETY: fields of the thread state (and its `_PyCFrame`, 3.11/3.12) at this version's
-    // offsets; the `_PyCFrame` pointer is checked before it is followed.
-    let frame: u64 = unsafe { read(tstate + l.tstate_frame as u64) };
-    match l.cframe_current {
-        Some(off) if plausible(frame, 8) => unsafe { read(frame + off as u64) },
-        Some(_) => 0,
-        None => frame,
-    }
-}
-
-/// Walks the frames into `out`. A frame equal to the one at the same depth of `prev` (this
-/// thread's previous stack) needs no code-cache lookup: its code object was described then.
-/// Answers whether the stack is `prev` again, frame for frame (then its key is `prev`'s).
-///
-/// Two passes: the first follows the frame chain and keeps (code, instruction, flags); the
-/// second reads each code object's signature and compares with `prev` as it goes (no separate
-/// comparison of the whole stack). The signature's reads (two `str` objects the interpreter
-/// does not touch while it runs) then do not sit between one frame's loads and the next's; on
-/// this project's VM that made no difference above the noise (docs/performance.md), the
-/// instruction count fell by 6 %. The layout's offsets are copied into locals first.
-///
-/// # Safety
-/// `tstate` must be the calling thread's thread state of the detected interpreter.
-#[link_section = ".text.hot.gpumemtrace"]
-unsafe fn walk(interp: &Interp, tstate: u64, out: &mut PyCapture, prev: &[RawPyFrame]) -> bool {
-    let l = &interp.layout;
-    let (off_previous, off_code, off_instr, off_adaptive) =
-        (l.frame_previous as u64, l.frame_code as u64, l.frame_instr as u64, l.code_adaptive as u64);
-    let (owner_at, entry_at, lasti) = (l.frame_owner.map(|o| o as u64), l.frame_is_entry.map(|o| o as u64), l.minor == 10);
-    let code_type = interp.code_type;
-    let frames = &mut out.frames;
-    frames.reserve(32);
-    // SAFETY (whole function): every address read is a field of an object reached from the
-    // thread state through pointers checked by `plausible`, at offsets of this version's
-    // layout; code objects are also type-checked before their fields are used.
-    let mut frame = unsafe { current_frame(l, tstate) };
-    let mut steps = 0;
-    while plausible(frame, 8) && frames.len() < MAX_PY_FRAMES && steps < 4 * MAX_PY_FRAMES {
-        steps += 1;
-        let previous: u64 = unsafe { read(frame + off_previous) };
-        if previous == frame {
-            break;
-        }
-        if let Some(off) = owner_at {
-            let owner: u8 = unsafe { read(frame + off) };
-            if owner == FRAME_OWNED_BY_CSTACK {
-                // The shim the interpreter pushes when it starts: the frame before it (inner
-                // side) was the first one that invocation ran.
-                if let Some(last) = frames.last_mut() {
-                    last.flags |= ENTRY;
-                }
-                frame = previous;
-                continue;
-            }
-        }
-        let code: u64 = unsafe { read(frame + off_code) };
-        if plausible(code, 8) && unsafe { read::<u64>(code + 8) } == code_type {
-            let instr = if lasti {
-                let lasti: i32 = unsafe { read(frame + off_instr) };
-                (lasti.max(0) as u32).saturating_mul(2)
-            } else {
-                let p: u64 = unsafe { read(frame + off_instr) };
-                let start = code + off_adaptive;
-                if p >= start && p - start < (1 << 30) {
-                    (p - start) as u32
-                } else {
-                    0
-                }
-            };
-            // 3.10 runs each frame in its own interpreter-loop call.
-            let mut flags = if lasti { ENTRY } else { 0 };
-            if let Some(off) = entry_at {
-                if unsafe { read::<u8>(frame + off) } != 0 {
-                    flags |= ENTRY;
-                }
-            }
-            frames.push(RawPyFrame { code, sig: 0, instr, flags });
-        }
-        frame = previous;
-    }
-    let at = SigOffsets::of(l);
-    let mut same = frames.len() == prev.len();
-    for (depth, f) in frames.iter_mut().enumerate() {
-        // SAFETY: a code object of a frame of this thread, type-checked above; the frame keeps
-        // it alive while the thread is in our hook.
-        f.sig = unsafe { signature(&at, f.code) };
-        let before = prev.get(depth);
-        let seen = before.is_some_and(|p| p.code == f.code && p.sig == f.sig);
-        same &= seen && before.is_some_and(|p| p.instr == f.instr && p.flags == f.flags);
-        if !seen && !cache_has(f.code, f.sig) && !out.new_codes.iter().any(|c| c.code == f.code && c.sig == f.sig) {
-            // SAFETY: as above.
-            out.new_codes.push(unsafe { code_info(interp, f.code, f.sig) });
-        }
-    }
-    same
 }
 
 const CACHE: usize = 8192;

@@ -1,4 +1,5 @@
 use super::*;
+use super::code::{signature, SigOffsets};
 
 #[test]
 #[cfg(target_arch = "x86_64")]

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Two builds of the shim side by side on one host, alternated run by run, on what a Python
+# allocation costs: (1) the emulated driver from a Python stack DEPTH frames deep
+# (benches/py_alloc.py, ctypes), untraced and under each build; (2) issue 11's launch-bound
+# training loop, traced and paused windows alternated inside each process
+# (perf_blocks.py alternate). Every traced run measures its hooks' self time
+# (GPUMEMTRACE_SELF_TIME=1), read back from the trace with the CLI.
+#   BIN=dir-with: gpumemtrace libgpumemtrace.so libgpumemtrace-base.so
+#   usage: BIN=.gpubin ROUNDS=5 DEPTH=20 examples/gpu/ab_python.sh
+set -u
+BIN=$(cd "${BIN:?}" && pwd)
+ROUNDS=${ROUNDS:-5}
+DEPTH=${DEPTH:-20}
+LOOP_ROUNDS=${LOOP_ROUNDS:-$ROUNDS}
+SCRATCH=${SCRATCH:-/tmp/abpy}
+mkdir -p "$SCRATCH/emu" "$SCRATCH/tr"
+echo "host: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p' | head -1); $(python3 --version)"
+
+# What the self-time notice says of events with Python stacks: median added, and the Python part.
+selftime() {
+  "$BIN/gpumemtrace" summary "$SCRATCH"/tr/*.trace 2>/dev/null |
+    grep -o 'events with Python and native stacks: added per event median [0-9]* ns\|(before the call [0-9]*, Python stack [0-9]*, native stack [0-9]*, hand-off [0-9]*' |
+    head -2 | sed 's/.*median \([0-9]*\) ns/median=\1/; s/(before the call \([0-9]*\), Python stack \([0-9]*\), native stack \([0-9]*\), hand-off \([0-9]*\)/mean_parts: before=\1 python=\2 native=\3 handoff=\4/' | tr '\n' ' '
+}
+
+make -s -C tests/emucuda OUT="$SCRATCH/emu" "$SCRATCH/emu/libcuda.so.1" || exit 1
+for r in $(seq "$ROUNDS"); do
+  for v in none base new; do
+    case $v in
+      none) pre= ;;
+      base) pre=$BIN/libgpumemtrace-base.so ;;
+      new) pre=$BIN/libgpumemtrace.so ;;
+    esac
+    rm -f "$SCRATCH"/tr/*
+    line=$(LD_PRELOAD=$pre GPUMEMTRACE_SELF_TIME=1 GPUMEMTRACE_OUTPUT=$SCRATCH/tr/ GPUMEMTRACE_QUIET=1 \
+      python3 benches/py_alloc.py "$SCRATCH/emu/libcuda.so.1" 100000 "$DEPTH")
+    echo "py_alloc round=$r build=$v $line $([ "$v" = none ] || selftime)"
+  done
+done
+
+for r in $(seq "$LOOP_ROUNDS"); do
+  for v in base new; do
+    case $v in
+      base) pre=$BIN/libgpumemtrace-base.so ;;
+      new) pre=$BIN/libgpumemtrace.so ;;
+    esac
+    rm -f "$SCRATCH"/tr/*
+    line=$(LD_PRELOAD=$pre GPUMEMTRACE_SELF_TIME=1 GPUMEMTRACE_OUTPUT=$SCRATCH/tr/ GPUMEMTRACE_QUIET=1 \
+      python3 examples/gpu/perf_blocks.py alternate launch-bound | grep '^alternate')
+    echo "loop round=$r build=$v $line $(selftime)"
+  done
+done
