@@ -3,7 +3,7 @@
 //! allocations in between (N = 0: freed before the thread allocated again, heaptrack's
 //! "temporary"). Counted per group and stack, during the one replay.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
@@ -11,6 +11,7 @@ use crate::read::live::{GroupKey, StackUse};
 use crate::read::replay::{Observer, Step, StepKind};
 
 /// A recent allocation of a thread.
+#[derive(Clone, Copy)]
 struct Recent {
     key: GroupKey,
     addr: u64,
@@ -18,11 +19,20 @@ struct Recent {
     size: u64,
 }
 
+/// A thread's last `threshold + 1` allocations, in a ring: an allocation overwrites the one
+/// `threshold + 1` before it, which can no longer be temporary.
+struct Recents {
+    /// `None`: freed (or never used).
+    ring: Vec<Option<Recent>>,
+    /// Where the thread's next allocation goes.
+    next: usize,
+}
+
 pub struct Temporary {
     threshold: usize,
-    /// Each thread's last `threshold + 1` allocations, newest first; `by_tid` finds them, and
-    /// `last` is the thread of the last event (most events come from the thread before).
-    recent: Vec<VecDeque<Recent>>,
+    /// Each thread's recent allocations; `by_tid` finds them, and `last` is the thread of the
+    /// last event (most events come from the thread before).
+    recent: Vec<Recents>,
     by_tid: FxHashMap<u32, usize>,
     last: Option<(u32, usize)>,
     /// Temporary bytes and count per group and stack.
@@ -35,14 +45,16 @@ impl Temporary {
     }
 
     /// Thread `tid`'s recent allocations (made empty when `create`, else none if it has none).
-    fn recent(&mut self, tid: u32, create: bool) -> Option<&mut VecDeque<Recent>> {
+    fn recent(&mut self, tid: u32, create: bool) -> Option<&mut Recents> {
         let i = match self.last {
             Some((t, i)) if t == tid => i,
             _ => {
                 let i = match self.by_tid.get(&tid) {
                     Some(&i) => i,
                     None if create => {
-                        self.recent.push(VecDeque::new());
+                        // A threshold too large for memory is as good as "any".
+                        let keep = self.threshold.saturating_add(1).min(1 << 16);
+                        self.recent.push(Recents { ring: vec![None; keep], next: 0 });
                         self.by_tid.insert(tid, self.recent.len() - 1);
                         self.recent.len() - 1
                     }
@@ -72,19 +84,20 @@ impl Observer for Temporary {
     fn step(&mut self, s: &Step) {
         match s.kind {
             StepKind::Alloc => {
-                let keep = self.threshold.saturating_add(1);
                 let q = self.recent(s.tid, true).expect("made when missing");
-                q.push_front(Recent { key: s.key, addr: s.addr, stack: s.alloc_stack, size: s.size });
-                q.truncate(keep);
+                let at = q.next;
+                q.ring[at] = Some(Recent { key: s.key, addr: s.addr, stack: s.alloc_stack, size: s.size });
+                q.next = if at + 1 == q.ring.len() { 0 } else { at + 1 };
             }
             StepKind::Free => {
                 let Some(q) = self.recent(s.tid, false) else { return };
-                if let Some(i) = q.iter().position(|r| r.addr == s.addr && r.key == s.key) {
-                    let r = q.remove(i).expect("position is in range");
-                    let f = self.found.entry((r.key, r.stack)).or_default();
-                    f.0 += r.size;
-                    f.1 += 1;
-                }
+                // Every slot holds one of the last `threshold + 1` allocations (or a freed one):
+                // the others in between are those made after it.
+                let Some(slot) = q.ring.iter_mut().find(|r| r.is_some_and(|r| r.addr == s.addr && r.key == s.key)) else { return };
+                let Some(r) = slot.take() else { return };
+                let f = self.found.entry((r.key, r.stack)).or_default();
+                f.0 += r.size;
+                f.1 += 1;
             }
             _ => {}
         }
@@ -120,5 +133,17 @@ mod tests {
         assert_eq!(temporaries(&b, 0), vec![(1, 20, 2)]);
         assert_eq!(temporaries(&b, 1), vec![(1, 20, 2), (2, 20, 1)]);
         assert_eq!(temporaries(&b, 2), vec![(1, 20, 2), (3, 30, 1), (2, 20, 1)], "most first, then by bytes");
+    }
+
+    #[test]
+    fn allocations_freed_in_between_still_count_as_in_between() {
+        // Stack 1 at 0x100, then stack 2 made and freed, then stack 3 made, then 0x100 freed: two
+        // other allocations in between, though one of them is gone by then.
+        let mut b = TraceBuilder::new();
+        b.ok(MALLOC, 1, 0x100, 10, 1).ok(MALLOC, 2, 0x200, 20, 2).ok(FREE, 3, 0x200, 0, 9);
+        b.ok(MALLOC, 4, 0x300, 30, 3).ok(FREE, 5, 0x100, 0, 9);
+        assert_eq!(temporaries(&b, 0), vec![(2, 20, 1)]);
+        assert_eq!(temporaries(&b, 1), vec![(2, 20, 1)]);
+        assert_eq!(temporaries(&b, 2), vec![(2, 20, 1), (1, 10, 1)]);
     }
 }

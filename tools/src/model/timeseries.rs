@@ -25,11 +25,22 @@ pub struct PhaseUse {
 }
 
 /// Live bytes over time, downsampled: bucket `i` covers `[i * bucket_ns, (i+1) * bucket_ns)`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Series {
     pub bucket_ns: u64,
     pub buckets: Vec<Option<Bucket>>,
+    /// The last bucket added to and the times it covers: events come in time order, so most
+    /// fall in it and need no division.
+    last: (usize, u64, u64),
 }
+
+impl PartialEq for Series {
+    fn eq(&self, other: &Series) -> bool {
+        (self.bucket_ns, &self.buckets) == (other.bucket_ns, &other.buckets)
+    }
+}
+
+impl Eq for Series {}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bucket {
@@ -45,20 +56,28 @@ impl Default for Series {
         Series {
             bucket_ns: FIRST_BUCKET_NS,
             buckets: Vec::new(),
+            last: (0, 0, 0),
         }
     }
 }
 
 impl Series {
     pub fn add(&mut self, t: u64, v: u64) {
-        let mut i = (t / self.bucket_ns) as usize;
-        while i >= MAX_BUCKETS {
-            self.coarsen();
-            i = (t / self.bucket_ns) as usize;
-        }
-        if self.buckets.len() <= i {
-            self.buckets.resize(i + 1, None);
-        }
+        let (last, from, to) = self.last;
+        let i = if (from..to).contains(&t) {
+            last
+        } else {
+            let mut i = (t / self.bucket_ns) as usize;
+            while i >= MAX_BUCKETS {
+                self.coarsen();
+                i = (t / self.bucket_ns) as usize;
+            }
+            if self.buckets.len() <= i {
+                self.buckets.resize(i + 1, None);
+            }
+            self.last = (i, i as u64 * self.bucket_ns, (i as u64 + 1) * self.bucket_ns);
+            i
+        };
         let b = self.buckets[i].get_or_insert(Bucket {
             min: v,
             max: v,
@@ -71,6 +90,7 @@ impl Series {
 
     fn coarsen(&mut self) {
         self.bucket_ns *= 2;
+        self.last = (0, 0, 0);
         let old = std::mem::take(&mut self.buckets);
         self.buckets = old
             .chunks(2)
