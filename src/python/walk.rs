@@ -75,7 +75,7 @@ unsafe fn walk_numbered<const ADAPTIVE: u64>(interp: &Interp, tstate: u64, out: 
     // Bounds checks on `room` go: `n` stays below MAX_PY_FRAMES <= room.len().
     assert!(room.len() >= MAX_PY_FRAMES);
     let room = &mut room[..MAX_PY_FRAMES];
-    let mut n = 0;
+    let mut n: usize = 0;
     // A code object whose number is 0 (the counter ran out): signed from its strings after.
     let mut unnumbered = false;
     // SAFETY (the loop): every address read is a field of an object reached from the thread
@@ -93,9 +93,9 @@ unsafe fn walk_numbered<const ADAPTIVE: u64>(interp: &Interp, tstate: u64, out: 
         if unsafe { read::<u8>(frame + FRAME_OWNER) } == FRAME_OWNED_BY_CSTACK {
             // The shim the interpreter pushes when it starts: the frame before it (inner side)
             // was the first one that invocation ran.
-            if n > 0 {
+            if let Some(last) = n.checked_sub(1) {
                 // SAFETY: slot n - 1 was written below.
-                unsafe { room[n - 1].assume_init_mut() }.flags |= ENTRY;
+                unsafe { room.get_unchecked_mut(last).assume_init_mut() }.flags |= ENTRY;
             }
             frame = previous;
             continue;
@@ -107,7 +107,8 @@ unsafe fn walk_numbered<const ADAPTIVE: u64>(interp: &Interp, tstate: u64, out: 
             let instr = if at < 1 << 30 { at as u32 } else { 0 };
             let version: u32 = unsafe { read(code + CODE_VERSION) };
             unnumbered |= version == 0;
-            room[n].write(RawPyFrame { code, sig: numbered(version), instr, flags: 0 });
+            // SAFETY: n < MAX_PY_FRAMES = room.len(): the loop ends when n reaches it.
+            unsafe { room.get_unchecked_mut(n) }.write(RawPyFrame { code, sig: numbered(version), instr, flags: 0 });
             n += 1;
             if n == MAX_PY_FRAMES {
                 break;
