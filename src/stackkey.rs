@@ -2,13 +2,25 @@
 //! hands over instead of the frames once its thread has sent them. The unwinder keeps each kept
 //! walk's key, so a walk taken whole from memory is not hashed again.
 
-/// 64-bit hash of a stack (0 only for no frames): a multiply-fold mix per frame.
+/// 64-bit hash of a stack (0 only for no frames): a multiply-fold mix per frame, in four lanes.
 pub fn hash(frames: &[u64]) -> u64 {
-    hash_words(frames.len(), frames.iter().copied())
+    let chunks = frames.chunks_exact(4);
+    let rest = chunks.remainder();
+    // The last few frames as one more group, padded with zeros (the length, mixed in, tells
+    // them apart from real zeros).
+    let mut last = [0u64; 4];
+    last[..rest.len()].copy_from_slice(rest);
+    let tail = (!rest.is_empty()).then_some(last);
+    hash_groups(frames.len(), chunks.map(|c| [c[0], c[1], c[2], c[3]]).chain(tail))
 }
 
-/// [`hash`] of `n` words given one by one (no buffer needed).
-pub fn hash_words(n: usize, words: impl IntoIterator<Item = u64>) -> u64 {
+/// The hash of `n` words given in groups of `L` (the last group padded), one lane a position
+/// in the group. A multiplication waits for the one before it in its lane only: one chain of
+/// 69 dependent multiplications (a Python stack of 23 frames, three words a frame) took about
+/// a cycle-latency of 5 each, and the stack's key is made anew at every allocation whose stack
+/// differs from its thread's last one. 0 only for `n == 0`.
+#[inline(always)]
+pub fn hash_groups<const L: usize>(n: usize, groups: impl IntoIterator<Item = [u64; L]>) -> u64 {
     if n == 0 {
         return 0;
     }
@@ -17,9 +29,19 @@ pub fn hash_words(n: usize, words: impl IntoIterator<Item = u64>) -> u64 {
         let m = (a as u128).wrapping_mul(b as u128);
         (m as u64) ^ ((m >> 64) as u64)
     };
-    let mut h = n as u64 ^ 0x243F_6A88_85A3_08D3;
-    for f in words {
-        h = mix(h ^ f, K);
+    // Lanes start apart, so that the same words in two lanes do not give the same state.
+    let mut lanes = [0u64; L];
+    for (i, l) in lanes.iter_mut().enumerate() {
+        *l = (n as u64 ^ 0x243F_6A88_85A3_08D3).wrapping_add((i as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
+    }
+    for g in groups {
+        for i in 0..L {
+            lanes[i] = mix(lanes[i] ^ g[i], K);
+        }
+    }
+    let mut h = 0xD6E8_FEB8_6659_FD93u64;
+    for l in lanes {
+        h = mix(h ^ l, K);
     }
     let h = mix(h, 0xD6E8_FEB8_6659_FD93);
     if h == 0 {
@@ -38,6 +60,34 @@ mod tests {
         assert_eq!(hash(&[]), 0);
         assert_ne!(hash(&[0]), 0);
         assert_ne!(hash(&[1, 2]), hash(&[2, 1]), "order matters");
-        assert_eq!(hash(&[7, 8, 9]), hash_words(3, [7u64, 8, 9]));
+        assert_eq!(hash(&[7, 8, 9]), hash_groups(3, [[7u64, 8, 9, 0]]));
+    }
+
+    #[test]
+    fn every_word_and_its_place_count() {
+        let base: Vec<u64> = (1..=23).map(|i| i * 0x1000_0040).collect();
+        let mut seen = std::collections::HashSet::new();
+        assert!(seen.insert(hash(&base)));
+        for i in 0..base.len() {
+            let mut v = base.clone();
+            v[i] ^= 1;
+            assert!(seen.insert(hash(&v)), "word {i} changed");
+            // The same words swapped between two lanes, or moved four places within a lane.
+            for j in [i + 1, i + 4] {
+                if j < base.len() {
+                    let mut w = base.clone();
+                    w.swap(i, j);
+                    assert!(seen.insert(hash(&w)), "words {i} and {j} swapped");
+                }
+            }
+        }
+        // A trailing zero frame is not the padding.
+        for len in 1..9 {
+            let v: Vec<u64> = (1..=len).collect();
+            let mut z = v.clone();
+            z.push(0);
+            assert_ne!(hash(&v), hash(&z), "{len} frames and a zero");
+            assert!(seen.insert(hash(&z)) && seen.insert(hash(&v)));
+        }
     }
 }

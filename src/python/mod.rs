@@ -55,8 +55,9 @@ pub fn stack_key(frames: &[RawPyFrame]) -> u64 {
     if frames.is_empty() {
         return 0;
     }
-    let words = frames.iter().flat_map(|f| [f.code, f.sig, (f.instr as u64) << 8 | f.flags as u64]);
-    crate::stackkey::hash_words(3 * frames.len(), words)
+    // One lane for each of a frame's words (see `hash_groups`).
+    let groups = frames.iter().map(|f| [f.code, f.sig, (f.instr as u64) << 8 | f.flags as u64]);
+    crate::stackkey::hash_groups(3 * frames.len(), groups)
 }
 
 type GetTstate = unsafe extern "C" fn() -> *mut c_void;
