@@ -2,7 +2,9 @@
 (GIL released, as in PyTorch) from a Python stack DEPTH frames deep. Prints one line:
     pairs=N depth=D wall_ns=W
 Usage: python3 py_alloc.py LIBCUDA PAIRS DEPTH
-BENCH_COLD_KB=N: between pairs, copy N KiB (so the tracer's lines are evicted, as on a busy host)."""
+BENCH_COLD_KB=N: between pairs, copy N KiB (so the tracer's lines are evicted, as on a busy host).
+BENCH_ALTERNATE=1: every other allocation is made one Python frame deeper, so that no allocation's
+stack is its thread's last one (as in a training step, whose allocations come from many places)."""
 import os
 import ctypes
 import sys
@@ -19,6 +21,11 @@ free.argtypes = [ctypes.c_uint64]
 
 
 cold_kb = int(os.environ.get("BENCH_COLD_KB", "0"))
+alternate = os.environ.get("BENCH_ALTERNATE") == "1"
+
+
+def deeper(ref):
+    alloc(ref, 4096)
 src, dst = bytearray(cold_kb << 10), bytearray(cold_kb << 10)
 
 
@@ -27,7 +34,10 @@ def loop():
     ref = ctypes.byref(p)
     t0 = time.perf_counter_ns()
     for i in range(pairs):
-        alloc(ref, 4096)
+        if alternate and i & 1:
+            deeper(ref)
+        else:
+            alloc(ref, 4096)
         free(p.value)
         if cold_kb:
             dst[:] = src

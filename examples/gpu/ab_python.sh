@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Two builds of the shim side by side on one host, alternated run by run, on what a Python
 # allocation costs: (1) the emulated driver from a Python stack DEPTH frames deep
-# (benches/py_alloc.py, ctypes), untraced and under each build; (2) issue 11's launch-bound
+# (benches/py_alloc.py, ctypes; the same stack every time, then alternating between two),
+# untraced and under each build; (2) issue 11's launch-bound
 # training loop, traced and paused windows alternated inside each process
 # (perf_blocks.py alternate). Every traced run measures its hooks' self time
 # (GPUMEMTRACE_SELF_TIME=1), read back from the trace with the CLI.
@@ -25,6 +26,7 @@ selftime() {
 
 make -s -C tests/emucuda OUT="$SCRATCH/emu" "$SCRATCH/emu/libcuda.so.1" || exit 1
 for r in $(seq "$ROUNDS"); do
+  for alt in 0 1; do
   for v in none base new; do
     case $v in
       none) pre= ;;
@@ -32,9 +34,10 @@ for r in $(seq "$ROUNDS"); do
       new) pre=$BIN/libgpumemtrace.so ;;
     esac
     rm -f "$SCRATCH"/tr/*
-    line=$(LD_PRELOAD=$pre GPUMEMTRACE_SELF_TIME=1 GPUMEMTRACE_OUTPUT=$SCRATCH/tr/ GPUMEMTRACE_QUIET=1 \
+    line=$(LD_PRELOAD=$pre BENCH_ALTERNATE=$alt GPUMEMTRACE_SELF_TIME=1 GPUMEMTRACE_OUTPUT=$SCRATCH/tr/ GPUMEMTRACE_QUIET=1 \
       python3 benches/py_alloc.py "$SCRATCH/emu/libcuda.so.1" 100000 "$DEPTH")
-    echo "py_alloc round=$r build=$v $line $([ "$v" = none ] || selftime)"
+    echo "py_alloc round=$r alternate=$alt build=$v $line $([ "$v" = none ] || selftime)"
+  done
   done
 done
 
