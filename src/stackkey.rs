@@ -6,48 +6,79 @@
 pub fn hash(frames: &[u64]) -> u64 {
     let chunks = frames.chunks_exact(4);
     let rest = chunks.remainder();
-    // The last few frames as one more group, padded with zeros (the length, mixed in, tells
-    // them apart from real zeros).
+    // The last few frames as one more group, padded with zeros (the length, mixed in at the end,
+    // tells them apart from real zeros).
     let mut last = [0u64; 4];
     last[..rest.len()].copy_from_slice(rest);
     let tail = (!rest.is_empty()).then_some(last);
     hash_groups(frames.len(), chunks.map(|c| [c[0], c[1], c[2], c[3]]).chain(tail))
 }
 
-/// The hash of `n` words given in groups of `L` (the last group padded), one lane a position
-/// in the group. A multiplication waits for the one before it in its lane only: one chain of
-/// 69 dependent multiplications (a Python stack of 23 frames, three words a frame) took about
-/// a cycle-latency of 5 each, and the stack's key is made anew at every allocation whose stack
-/// differs from its thread's last one. 0 only for `n == 0`.
+/// [`Lanes`] over `groups`, finished with `n` words.
 #[inline(always)]
 pub fn hash_groups<const L: usize>(n: usize, groups: impl IntoIterator<Item = [u64; L]>) -> u64 {
-    if n == 0 {
-        return 0;
-    }
-    const K: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mix = |a: u64, b: u64| {
-        let m = (a as u128).wrapping_mul(b as u128);
-        (m as u64) ^ ((m >> 64) as u64)
-    };
-    // Lanes start apart, so that the same words in two lanes do not give the same state.
-    let mut lanes = [0u64; L];
-    for (i, l) in lanes.iter_mut().enumerate() {
-        *l = (n as u64 ^ 0x243F_6A88_85A3_08D3).wrapping_add((i as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
-    }
+    let mut lanes = Lanes::<L>::new();
     for g in groups {
-        for i in 0..L {
-            lanes[i] = mix(lanes[i] ^ g[i], K);
+        lanes.add(g);
+    }
+    lanes.finish(n)
+}
+
+/// A hash of words given in groups of `L`, one lane a position in the group. A multiplication
+/// waits for the one before it in its lane only: one chain of dependent multiplications (69 for
+/// a Python stack of 23 frames, three words a frame) cost each one's latency, and a stack's key
+/// is made anew at every allocation whose stack differs from its thread's last one. The state
+/// after any number of groups can be kept and taken up again (the Python key of a stack that
+/// shares its outer frames with the last one goes on from there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lanes<const L: usize>([u64; L]);
+
+const K: u64 = 0x9E37_79B9_7F4A_7C15;
+
+#[inline(always)]
+fn mix(a: u64, b: u64) -> u64 {
+    let m = (a as u128).wrapping_mul(b as u128);
+    (m as u64) ^ ((m >> 64) as u64)
+}
+
+impl<const L: usize> Default for Lanes<L> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const L: usize> Lanes<L> {
+    /// Lanes start apart, so that the same words in two lanes do not give the same state.
+    #[inline(always)]
+    pub fn new() -> Self {
+        let mut lanes = [0u64; L];
+        for (i, l) in lanes.iter_mut().enumerate() {
+            *l = 0x243F_6A88_85A3_08D3u64.wrapping_add((i as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
+        }
+        Lanes(lanes)
+    }
+
+    #[inline(always)]
+    pub fn add(&mut self, g: [u64; L]) {
+        for (l, w) in self.0.iter_mut().zip(g) {
+            *l = mix(*l ^ w, K);
         }
     }
-    let mut h = 0xD6E8_FEB8_6659_FD93u64;
-    for l in lanes {
-        h = mix(h ^ l, K);
-    }
-    let h = mix(h, 0xD6E8_FEB8_6659_FD93);
-    if h == 0 {
-        1
-    } else {
-        h
+
+    /// The hash of the `n` words added (0 only for `n == 0`).
+    #[inline(always)]
+    pub fn finish(&self, n: usize) -> u64 {
+        if n == 0 {
+            return 0;
+        }
+        let mut h = n as u64 ^ 0xD6E8_FEB8_6659_FD93;
+        for l in self.0 {
+            h = mix(h ^ l, K);
+        }
+        match mix(h, 0xD6E8_FEB8_6659_FD93) {
+            0 => 1,
+            h => h,
+        }
     }
 }
 

@@ -38,6 +38,7 @@ mod walk;
 use walk::{current_frame, walk};
 use crate::record::{PyCapture, RawPyFrame};
 use crate::resolve::dlsym_quiet;
+use crate::stackkey::Lanes;
 
 /// Deepest Python stack recorded (innermost frames are kept).
 pub const MAX_PY_FRAMES: usize = 256;
@@ -52,12 +53,33 @@ pub const ENTRY: u8 = 1;
 /// 64-bit key of a Python stack (0 only for no frames), as the native stacks' (`stackkey::hash`).
 #[link_section = ".text.hot.gpumemtrace"]
 pub fn stack_key(frames: &[RawPyFrame]) -> u64 {
-    if frames.is_empty() {
-        return 0;
+    let mut partials = Vec::new();
+    key_going_on(frames, 0, &mut partials)
+}
+
+/// A frame's words, one to a lane of the stack's key.
+#[inline(always)]
+fn words(f: &RawPyFrame) -> [u64; 3] {
+    [f.code, f.sig, (f.instr as u64) << 8 | f.flags as u64]
+}
+
+/// [`stack_key`] of `frames`, hashed from the outermost frame in: `partials[j]` holds the state
+/// after the `j` outermost frames of the thread's last stack, the first `shared` of which are
+/// `frames`' too, so only the frames inside them are hashed. Leaves `partials` describing
+/// `frames`.
+#[link_section = ".text.hot.gpumemtrace"]
+fn key_going_on(frames: &[RawPyFrame], shared: usize, partials: &mut Vec<Lanes<3>>) -> u64 {
+    let shared = shared.min(frames.len()).min(partials.len().saturating_sub(1));
+    partials.truncate(shared + 1);
+    if partials.is_empty() {
+        partials.push(Lanes::new());
     }
-    // One lane for each of a frame's words (see `hash_groups`).
-    let groups = frames.iter().map(|f| [f.code, f.sig, (f.instr as u64) << 8 | f.flags as u64]);
-    crate::stackkey::hash_groups(3 * frames.len(), groups)
+    let mut lanes = partials[shared];
+    for f in frames[..frames.len() - shared].iter().rev() {
+        lanes.add(words(f));
+        partials.push(lanes);
+    }
+    lanes.finish(3 * frames.len())
 }
 
 type GetTstate = unsafe extern "C" fn() -> *mut c_void;
@@ -261,6 +283,8 @@ struct Prev {
     /// code cache nor hashed again, and its frames need no allocation.
     frames: Vec<RawPyFrame>,
     key: u64,
+    /// The key's state after each number of `frames`' outer frames (`key_going_on`).
+    partials: Vec<Lanes<3>>,
     /// The next capture's buffer.
     scratch: Vec<RawPyFrame>,
     /// Stack keys sent, for the tracer start (`clock::epoch`) in `epoch`.
@@ -285,7 +309,7 @@ fn sent_before(sent: &mut [u64; SENT], of_epoch: &mut u64, key: u64) -> bool {
 
 thread_local! {
     static PREV: std::cell::RefCell<Prev> = const {
-        std::cell::RefCell::new(Prev { frames: Vec::new(), key: 0, scratch: Vec::new(), sent: [0; SENT], epoch: 0 })
+        std::cell::RefCell::new(Prev { frames: Vec::new(), key: 0, partials: Vec::new(), scratch: Vec::new(), sent: [0; SENT], epoch: 0 })
     };
 }
 
@@ -310,16 +334,16 @@ pub fn capture() -> Option<Keyed> {
     }
     let r = PREV.try_with(|prev| {
         let Ok(mut prev) = prev.try_borrow_mut() else { return None };
-        let Prev { frames: prev_frames, key: prev_key, scratch, sent, epoch } = &mut *prev;
+        let Prev { frames: prev_frames, key: prev_key, partials, scratch, sent, epoch } = &mut *prev;
         scratch.clear();
         let mut out = PyCapture { frames: std::mem::take(scratch), new_codes: Vec::new() };
-        let same = if plausible(tstate, 8) {
+        let (same, shared) = if plausible(tstate, 8) {
             // SAFETY: as below.
             unsafe { walk(interp, tstate, &mut out, prev_frames) }
         } else {
-            prev_frames.is_empty()
+            (prev_frames.is_empty(), 0)
         };
-        let key = if same && *prev_key != 0 { *prev_key } else { stack_key(&out.frames) };
+        let key = if same && *prev_key != 0 { *prev_key } else { key_going_on(&out.frames, shared, partials) };
         *prev_key = key;
         let need = !out.new_codes.is_empty() || (key != 0 && !sent_before(sent, epoch, key));
         // The frames become the previous stack; the old previous buffer is the next scratch.

@@ -138,3 +138,36 @@ fn the_code_objects_number_is_its_signature_from_3_12() {
         assert_eq!(s & 1, 1, "never 0");
     }
 }
+
+/// A stack's key taken up from the outer frames it shares with the thread's last stack is the
+/// key of the whole stack.
+#[test]
+fn a_key_going_on_from_shared_outer_frames_is_the_whole_stacks_key() {
+    let f = |code: u64, instr: u32| RawPyFrame { code, sig: code | 1, instr, flags: 0 };
+    // Innermost first; each stack shares some outer frames with the one before.
+    let stacks: Vec<Vec<RawPyFrame>> = vec![
+        vec![f(0x30, 4), f(0x20, 8), f(0x10, 2)],
+        vec![f(0x40, 2), f(0x30, 4), f(0x20, 8), f(0x10, 2)],
+        vec![f(0x20, 10), f(0x10, 2)],
+        vec![],
+        vec![f(0x50, 6), f(0x20, 10), f(0x10, 2)],
+        vec![f(0x50, 6), f(0x20, 10), f(0x10, 2)],
+        vec![f(0x60, 0)],
+    ];
+    let mut partials = Vec::new();
+    let mut prev: &[RawPyFrame] = &[];
+    let mut keys = std::collections::HashSet::new();
+    for s in &stacks {
+        let shared = prev.iter().rev().zip(s.iter().rev()).take_while(|(a, b)| a == b).count();
+        let key = key_going_on(s, shared, &mut partials);
+        assert_eq!(key, stack_key(s), "{s:x?} after {prev:x?}");
+        assert_eq!(partials.len(), s.len() + 1);
+        keys.insert(key);
+        prev = s;
+    }
+    assert_eq!(keys.len(), 6, "one key a distinct stack, 0 for none");
+    assert_eq!(stack_key(&[]), 0);
+    // More shared frames claimed than the last stack had are taken as what it had.
+    let mut partials = Vec::new();
+    assert_eq!(key_going_on(&stacks[0], 3, &mut partials), stack_key(&stacks[0]));
+}

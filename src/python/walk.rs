@@ -29,12 +29,13 @@ pub(super) unsafe fn current_frame(l: &Layout, tstate: u64) -> u64 {
 
 /// Walks the frames into `out`. A frame equal to the one at the same depth of `prev` (this
 /// thread's previous stack) needs no code-cache lookup: its code object was described then.
-/// Answers whether the stack is `prev` again, frame for frame (then its key is `prev`'s).
+/// Answers whether the stack is `prev` again, frame for frame (then its key is `prev`'s), and how
+/// many of its outermost frames are `prev`'s, frame for frame.
 ///
 /// # Safety
 /// `tstate` must be the calling thread's thread state of the detected interpreter.
 #[link_section = ".text.hot.gpumemtrace"]
-pub(super) unsafe fn walk(interp: &Interp, tstate: u64, out: &mut PyCapture, prev: &[RawPyFrame]) -> bool {
+pub(super) unsafe fn walk(interp: &Interp, tstate: u64, out: &mut PyCapture, prev: &[RawPyFrame]) -> (bool, usize) {
     let l = &interp.layout;
     // SAFETY (both): the caller's promise.
     let numbered = l.minor >= 12
@@ -65,7 +66,7 @@ const CODE_VERSION: u64 = 92;
 /// # Safety
 /// As [`walk`], with a layout at the offsets above and bytecode at `ADAPTIVE`.
 #[link_section = ".text.hot.gpumemtrace"]
-unsafe fn walk_numbered<const ADAPTIVE: u64>(interp: &Interp, tstate: u64, out: &mut PyCapture, prev: &[RawPyFrame]) -> bool {
+unsafe fn walk_numbered<const ADAPTIVE: u64>(interp: &Interp, tstate: u64, out: &mut PyCapture, prev: &[RawPyFrame]) -> (bool, usize) {
     let l = &interp.layout;
     let code_type = interp.code_type;
     let frames = &mut out.frames;
@@ -142,7 +143,7 @@ unsafe fn walk_numbered<const ADAPTIVE: u64>(interp: &Interp, tstate: u64, out: 
 /// # Safety
 /// As [`walk`].
 #[link_section = ".text.hot.gpumemtrace"]
-unsafe fn walk_any(interp: &Interp, tstate: u64, out: &mut PyCapture, prev: &[RawPyFrame]) -> bool {
+unsafe fn walk_any(interp: &Interp, tstate: u64, out: &mut PyCapture, prev: &[RawPyFrame]) -> (bool, usize) {
     let l = &interp.layout;
     let (off_previous, off_code, off_instr, off_adaptive) =
         (l.frame_previous as u64, l.frame_code as u64, l.frame_instr as u64, l.code_adaptive as u64);
@@ -204,13 +205,14 @@ unsafe fn walk_any(interp: &Interp, tstate: u64, out: &mut PyCapture, prev: &[Ra
     unsafe { compare(interp, &out.frames, prev, &mut out.new_codes) }
 }
 
-/// Whether `frames` is `prev` again, frame for frame; code objects neither in `prev` at the same
-/// depth nor in the cache of described ones are described into `new_codes`.
+/// Whether `frames` is `prev` again, frame for frame, and how many outermost frames they share
+/// (see `same_as`); code objects neither in `prev` at the same depth nor in the cache of
+/// described ones are described into `new_codes`.
 ///
 /// # Safety
 /// `frames` must be the calling thread's frames, just walked (their code objects alive).
 #[inline(always)]
-unsafe fn compare(interp: &Interp, frames: &[RawPyFrame], prev: &[RawPyFrame], new_codes: &mut Vec<crate::record::CodeInfo>) -> bool {
+unsafe fn compare(interp: &Interp, frames: &[RawPyFrame], prev: &[RawPyFrame], new_codes: &mut Vec<crate::record::CodeInfo>) -> (bool, usize) {
     same_as(frames, prev, |f| {
         if !cache_has(f.code, f.sig) && !new_codes.iter().any(|c| c.code == f.code && c.sig == f.sig) {
             // SAFETY: the caller's promise.
@@ -219,29 +221,31 @@ unsafe fn compare(interp: &Interp, frames: &[RawPyFrame], prev: &[RawPyFrame], n
     })
 }
 
-/// Whether `frames` is `prev` again, frame for frame; `unseen` gets each frame whose code object
-/// `prev` does not hold at the same depth counted from the outermost frame. Stacks are compared
-/// from the bottom: consecutive allocations of a program share their outer frames and differ in
-/// depth (a layer's forward, then its loss), so counted from the top nearly every frame of a
-/// stack one frame deeper than the last was unseen, and looked up in the code cache (a cold
-/// line each on a busy host).
+/// Whether `frames` is `prev` again, frame for frame, and how many of their outermost frames are
+/// the same, frame for frame; `unseen` gets each frame whose code object `prev` does not hold at
+/// the same depth counted from the outermost frame. Stacks are compared from the bottom:
+/// consecutive allocations of a program share their outer frames and differ in depth (a layer's
+/// forward, then its loss), so counted from the top nearly every frame of a stack one frame
+/// deeper than the last was unseen, and looked up in the code cache (a cold line each on a busy
+/// host).
 #[inline(always)]
-fn same_as(frames: &[RawPyFrame], prev: &[RawPyFrame], mut unseen: impl FnMut(&RawPyFrame)) -> bool {
+fn same_as(frames: &[RawPyFrame], prev: &[RawPyFrame], mut unseen: impl FnMut(&RawPyFrame)) -> (bool, usize) {
     let (n, m) = (frames.len(), prev.len());
-    let shared = n.min(m);
+    let common = n.min(m);
     // The innermost frames of the deeper stack have no counterpart.
-    let (own, ours) = frames.split_at(n - shared);
-    own.iter().for_each(&mut unseen);
-    let theirs = &prev[m - shared..];
-    let mut same = n == m;
-    for (f, p) in ours.iter().zip(theirs) {
+    let (own, ours) = frames.split_at(n - common);
+    let theirs = &prev[m - common..];
+    let (mut shared, mut run) = (0, true);
+    for (f, p) in ours.iter().rev().zip(theirs.iter().rev()) {
         let seen = p.code == f.code && p.sig == f.sig;
-        same &= seen & (p.instr == f.instr) & (p.flags == f.flags);
+        run &= seen & (p.instr == f.instr) & (p.flags == f.flags);
+        shared += run as usize;
         if !seen {
             unseen(f);
         }
     }
-    same
+    own.iter().rev().for_each(&mut unseen);
+    (n == m && shared == n, shared)
 }
 
 #[cfg(test)]
@@ -254,8 +258,13 @@ mod tests {
 
     fn unseen(frames: &[RawPyFrame], prev: &[RawPyFrame]) -> (bool, Vec<u64>) {
         let mut codes = Vec::new();
-        let same = same_as(frames, prev, |f| codes.push(f.code));
+        let (same, _) = same_as(frames, prev, |f| codes.push(f.code));
+        codes.sort_unstable_by(|a, b| b.cmp(a));
         (same, codes)
+    }
+
+    fn shared(frames: &[RawPyFrame], prev: &[RawPyFrame]) -> usize {
+        same_as(frames, prev, |_| {}).1
     }
 
     #[test]
@@ -348,7 +357,7 @@ mod tests {
         };
         let (any, _) = walk_with(false, &[]);
         let (numbered, same) = walk_with(true, &[]);
-        assert!(!same);
+        assert_eq!(same, (false, 0));
         assert_eq!(numbered.frames, any.frames);
         let code = |i: usize| f.codes[i].as_ptr() as u64;
         let got: Vec<(u64, u32, u8)> = numbered.frames.iter().map(|p| (p.code, p.instr, p.flags)).collect();
@@ -358,8 +367,8 @@ mod tests {
         assert_eq!(numbered.frames[2].sig, unsafe { signature(&SigOffsets::of(&l), code(4)) }, "number 0: signed by its strings");
         assert_eq!(numbered.frames[3].sig, super::numbered(9));
         // Walked again with the first walk as the previous stack: the same, frame for frame.
-        assert!(walk_with(true, &numbered.frames).1);
-        assert!(walk_with(false, &any.frames).1);
+        assert_eq!(walk_with(true, &numbered.frames).1, (true, 4));
+        assert_eq!(walk_with(false, &any.frames).1, (true, 4));
         // The code objects described are those the process had not seen.
         let described: Vec<u64> = numbered.new_codes.iter().map(|c| c.code).collect();
         assert_eq!(described, any.new_codes.iter().map(|c| c.code).collect::<Vec<_>>());
@@ -371,8 +380,15 @@ mod tests {
         let prev = [frame(0x30, 4), frame(0x20, 8), frame(0x10, 2)];
         let deeper = [frame(0x40, 2), frame(0x30, 4), frame(0x20, 8), frame(0x10, 2)];
         assert_eq!(unseen(&deeper, &prev), (false, vec![0x40]));
+        assert_eq!(shared(&deeper, &prev), 3);
         let shallower = [frame(0x20, 8), frame(0x10, 2)];
         assert_eq!(unseen(&shallower, &prev), (false, vec![]));
+        assert_eq!(shared(&shallower, &prev), 2);
+        // The outer frames in common end at the first that differs, whatever lies inside it.
+        let returned = [frame(0x30, 4), frame(0x20, 10), frame(0x10, 2)];
+        assert_eq!(shared(&returned, &prev), 1);
+        assert_eq!(shared(&prev, &prev), 3);
+        assert_eq!(shared(&[], &prev), 0);
         // A code object at the same address but of another signature is unseen.
         let recompiled = [RawPyFrame { sig: 0x99, ..frame(0x30, 4) }, frame(0x20, 8), frame(0x10, 2)];
         assert_eq!(unseen(&recompiled, &prev), (false, vec![0x30]));
