@@ -51,7 +51,7 @@ impl Trend {
 
 /// One group's windows (a group's own events: another device's do not move its windows).
 struct GroupTrends {
-    /// Events of the group so far, and per window.
+    /// Events of the group so far, and per window (a power of two: it starts at 1 and doubles).
     events: u64,
     window_events: u64,
     /// Time of the last event of each window so far.
@@ -84,10 +84,12 @@ impl Growth {
         let (_, g) = self.groups[i].get_or_insert_with(|| {
             (key, GroupTrends { events: 0, window_events: 1, ends: Vec::new(), trends: FxHashMap::default() })
         });
-        let mut w = (g.events / g.window_events) as usize;
+        // Windows hold a power of two of events: a shift, not a division (a division an event
+        // was most of this observer's time).
+        let mut w = (g.events >> g.window_events.trailing_zeros()) as usize;
         while w >= WINDOWS {
             g.merge();
-            w = (g.events / g.window_events) as usize;
+            w = (g.events >> g.window_events.trailing_zeros()) as usize;
         }
         g.events += 1;
         if g.ends.len() <= w {
