@@ -53,8 +53,9 @@ pub const ENTRY: u8 = 1;
 /// 64-bit key of a Python stack (0 only for no frames), as the native stacks' (`stackkey::hash`).
 #[link_section = ".text.hot.gpumemtrace"]
 pub fn stack_key(frames: &[RawPyFrame]) -> u64 {
-    let mut partials = Vec::new();
-    key_going_on(frames, 0, &mut partials)
+    // Hashed as `key_going_on` hashes, outermost frame first; no state kept (nothing allocated:
+    // this also serves a nested call, from a signal handler say).
+    crate::stackkey::hash_groups(3 * frames.len(), frames.iter().rev().map(words))
 }
 
 /// A frame's words, one to a lane of the stack's key.

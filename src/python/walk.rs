@@ -103,9 +103,7 @@ unsafe fn walk_numbered<const ADAPTIVE: u64>(interp: &Interp, tstate: u64, out: 
         }
         let code: u64 = unsafe { read(frame + FRAME_CODE) };
         if plausible(code, 8) && unsafe { read::<u64>(code + 8) } == code_type {
-            // Below the bytecode's start the difference wraps around: out of range too.
-            let at = unsafe { read::<u64>(frame + FRAME_INSTR) }.wrapping_sub(code + ADAPTIVE);
-            let instr = if at < 1 << 30 { at as u32 } else { 0 };
+            let instr = instr_offset(unsafe { read(frame + FRAME_INSTR) }, code + ADAPTIVE);
             let version: u32 = unsafe { read(code + CODE_VERSION) };
             unnumbered |= version == 0;
             // SAFETY: n < MAX_PY_FRAMES = room.len(): the loop ends when n reaches it.
@@ -176,13 +174,7 @@ unsafe fn walk_any(interp: &Interp, tstate: u64, out: &mut PyCapture, prev: &[Ra
                 let lasti: i32 = unsafe { read(frame + off_instr) };
                 (lasti.max(0) as u32).saturating_mul(2)
             } else {
-                let p: u64 = unsafe { read(frame + off_instr) };
-                let start = code + off_adaptive;
-                if p >= start && p - start < (1 << 30) {
-                    (p - start) as u32
-                } else {
-                    0
-                }
+                instr_offset(unsafe { read(frame + off_instr) }, code + off_adaptive)
             };
             // 3.10 runs each frame in its own interpreter-loop call.
             let mut flags = if lasti { ENTRY } else { 0 };
@@ -203,6 +195,18 @@ unsafe fn walk_any(interp: &Interp, tstate: u64, out: &mut PyCapture, prev: &[Ra
     }
     // SAFETY: as above.
     unsafe { compare(interp, &out.frames, prev, &mut out.new_codes) }
+}
+
+/// A frame's instruction pointer `p` as a byte offset into its bytecode starting at `start`; 0
+/// when out of range (below the start the difference wraps around, so one comparison).
+#[inline(always)]
+fn instr_offset(p: u64, start: u64) -> u32 {
+    let at = p.wrapping_sub(start);
+    if at < 1 << 30 {
+        at as u32
+    } else {
+        0
+    }
 }
 
 /// Whether `frames` is `prev` again, frame for frame, and how many outermost frames they share
@@ -235,16 +239,19 @@ fn same_as(frames: &[RawPyFrame], prev: &[RawPyFrame], mut unseen: impl FnMut(&R
     // The innermost frames of the deeper stack have no counterpart.
     let (own, ours) = frames.split_at(n - common);
     let theirs = &prev[m - common..];
-    let (mut shared, mut run) = (0, true);
-    for (f, p) in ours.iter().rev().zip(theirs.iter().rev()) {
+    own.iter().for_each(&mut unseen);
+    // From the inside out: the outer frames in common start after the last that differs.
+    let mut differs = 0;
+    for (i, (f, p)) in ours.iter().zip(theirs).enumerate() {
         let seen = p.code == f.code && p.sig == f.sig;
-        run &= seen & (p.instr == f.instr) & (p.flags == f.flags);
-        shared += run as usize;
+        if !(seen & (p.instr == f.instr) & (p.flags == f.flags)) {
+            differs = i + 1;
+        }
         if !seen {
             unseen(f);
         }
     }
-    own.iter().rev().for_each(&mut unseen);
+    let shared = common - differs;
     (n == m && shared == n, shared)
 }
 
