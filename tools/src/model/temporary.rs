@@ -93,8 +93,7 @@ impl Observer for Temporary {
                 let Some(q) = self.recent(s.tid, false) else { return };
                 // Every slot holds one of the last `threshold + 1` allocations (or a freed one):
                 // the others in between are those made after it.
-                let Some(slot) = q.ring.iter_mut().find(|r| r.is_some_and(|r| r.addr == s.addr && r.key == s.key)) else { return };
-                let Some(r) = slot.take() else { return };
+                let Some(r) = q.ring.iter_mut().find_map(|slot| slot.take_if(|r| r.addr == s.addr && r.key == s.key)) else { return };
                 let f = self.found.entry((r.key, r.stack)).or_default();
                 f.0 += r.size;
                 f.1 += 1;
