@@ -24,15 +24,20 @@ selftime() {
     head -2 | sed 's/.*median \([0-9]*\) ns/median=\1/; s/(before the call \([0-9]*\), Python stack \([0-9]*\), native stack \([0-9]*\), hand-off \([0-9]*\)/mean_parts: before=\1 python=\2 native=\3 handoff=\4/' | tr '\n' ' '
 }
 
+# The shim a build name stands for (none: untraced).
+shim() {
+  case $1 in
+    none) echo ;;
+    base) echo "$BIN/libgpumemtrace-base.so" ;;
+    new) echo "$BIN/libgpumemtrace.so" ;;
+  esac
+}
+
 make -s -C tests/emucuda OUT="$SCRATCH/emu" "$SCRATCH/emu/libcuda.so.1" || exit 1
 for r in $(seq "$ROUNDS"); do
   for alt in 0 1; do
   for v in none base new; do
-    case $v in
-      none) pre= ;;
-      base) pre=$BIN/libgpumemtrace-base.so ;;
-      new) pre=$BIN/libgpumemtrace.so ;;
-    esac
+    pre=$(shim $v)
     rm -f "$SCRATCH"/tr/*
     line=$(LD_PRELOAD=$pre BENCH_ALTERNATE=$alt GPUMEMTRACE_SELF_TIME=1 GPUMEMTRACE_OUTPUT=$SCRATCH/tr/ GPUMEMTRACE_QUIET=1 \
       python3 benches/py_alloc.py "$SCRATCH/emu/libcuda.so.1" 100000 "$DEPTH")
@@ -43,10 +48,7 @@ done
 
 for r in $(seq "$LOOP_ROUNDS"); do
   for v in base new; do
-    case $v in
-      base) pre=$BIN/libgpumemtrace-base.so ;;
-      new) pre=$BIN/libgpumemtrace.so ;;
-    esac
+    pre=$(shim $v)
     rm -f "$SCRATCH"/tr/*
     line=$(LD_PRELOAD=$pre GPUMEMTRACE_SELF_TIME=1 GPUMEMTRACE_OUTPUT=$SCRATCH/tr/ GPUMEMTRACE_QUIET=1 \
       python3 examples/gpu/perf_blocks.py alternate launch-bound | grep '^alternate')
