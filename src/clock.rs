@@ -17,7 +17,7 @@ use crossbeam_utils::CachePadded;
 #[link_section = ".text.hot.gpumemtrace"]
 pub fn now_ns() -> u64 {
     if TSC.load(Relaxed) {
-        if let Some(ns) = tsc_ns(ticks()) {
+        if let Some(ns) = MAP.now(ticks) {
             return ns;
         }
     }
@@ -57,49 +57,134 @@ pub fn describe() -> String {
     format!("clock_gettime (clocksource {})", source.as_deref().map_or("unknown", str::trim))
 }
 
-/// The map from ticks to nanoseconds, `ns = NS0 + (ticks - T0) * MULT / 2^32`, behind a
-/// sequence lock (odd while the writer changes it; readers retry).
+/// The map from ticks to nanoseconds. Every refit changes its slope (`refine`), and hooks on
+/// other threads read it while it changes; the order of events rests on it, so it must be one
+/// function of the tick count, whichever version of the map a thread happened to read: a free
+/// stamped a few microseconds before its own allocation is written before it, and the summary
+/// then holds a leak that never was (a writer descheduled for 30 ms in the middle of a refit did
+/// exactly that with a map anchored where the refit began).
+///
+/// So a map is two segments that meet at a switch point in the future: the slope in use before
+/// it (the previous map's), the new one after. A refit is published well before its switch
+/// point, and a hook reads the map, then the counter, then checks that the map did not change
+/// meanwhile: the count it read falls between the current map's publication and the next one's
+/// switch point, where all versions of the map agree. Two slots: the writer fills the one hooks
+/// are not reading (each slot has its own sequence lock), so a writer descheduled halfway
+/// through a refit never holds hooks up; they never fall back to another clock.
+struct TscMap {
+    slots: [Slot; 2],
+    /// Refits published so far; the current map is in slot `version & 1`.
+    version: AtomicU64,
+}
+
+#[repr(C)]
+struct Slot {
+    seq: AtomicU64,
+    /// The switch point: ticks and the nanoseconds they map to.
+    t_sw: AtomicU64,
+    ns_sw: AtomicU64,
+    /// Nanoseconds per tick, times 2^32, before and after the switch point.
+    before: AtomicU64,
+    after: AtomicU64,
+}
+
+/// One version of the map, as a slot holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Segments {
+    t_sw: u64,
+    ns_sw: u64,
+    before: u64,
+    after: u64,
+}
+
+impl Segments {
+    fn ns(&self, t: u64) -> u64 {
+        map(t, self.t_sw, self.ns_sw, if t < self.t_sw { self.before } else { self.after })
+    }
+}
+
+impl Slot {
+    const fn new() -> Slot {
+        const Z: AtomicU64 = AtomicU64::new(0);
+        Slot { seq: Z, t_sw: Z, ns_sw: Z, before: Z, after: Z }
+    }
+}
+
+impl TscMap {
+    const fn new() -> TscMap {
+        TscMap { slots: [Slot::new(), Slot::new()], version: AtomicU64::new(0) }
+    }
+
+    /// The nanoseconds of the counter read by `ticks`, which is read after the map.
+    #[inline(always)]
+    fn now(&self, ticks: impl Fn() -> u64) -> Option<u64> {
+        // Only a reader descheduled across a refit retries; the bound is for a map written by
+        // two threads at once, which `publish`'s callers rule out.
+        for _ in 0..1024 {
+            let v = self.version.load(Acquire);
+            let slot = &self.slots[(v & 1) as usize];
+            let s = slot.seq.load(Acquire);
+            if s & 1 == 0 {
+                let m = Segments {
+                    t_sw: slot.t_sw.load(Relaxed),
+                    ns_sw: slot.ns_sw.load(Relaxed),
+                    before: slot.before.load(Relaxed),
+                    after: slot.after.load(Relaxed),
+                };
+                let t = ticks();
+                fence(Acquire);
+                if slot.seq.load(Relaxed) == s && self.version.load(Relaxed) == v {
+                    return Some(m.ns(t));
+                }
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
+
+    /// The map in use (on the one thread that publishes).
+    fn current(&self) -> Segments {
+        let slot = &self.slots[(self.version.load(Acquire) & 1) as usize];
+        Segments {
+            t_sw: slot.t_sw.load(Relaxed),
+            ns_sw: slot.ns_sw.load(Relaxed),
+            before: slot.before.load(Relaxed),
+            after: slot.after.load(Relaxed),
+        }
+    }
+
+    /// Fills the slot hooks are not reading; `switch` then makes it the map in use.
+    fn write_idle(&self, m: Segments) {
+        let slot = &self.slots[((self.version.load(Relaxed) + 1) & 1) as usize];
+        slot.seq.fetch_add(1, AcqRel);
+        slot.t_sw.store(m.t_sw, Relaxed);
+        slot.ns_sw.store(m.ns_sw, Relaxed);
+        slot.before.store(m.before, Relaxed);
+        slot.after.store(m.after, Relaxed);
+        slot.seq.fetch_add(1, Release);
+    }
+
+    fn switch(&self) {
+        self.version.fetch_add(1, Release);
+    }
+
+    /// One thread at a time (the tracer's start, then its writer): `m` becomes the map.
+    fn publish(&self, m: Segments) {
+        self.write_idle(m);
+        self.switch();
+    }
+}
+
 #[link_section = "gpumemtrace_hot"]
-static MAP_SEQ: AtomicU64 = AtomicU64::new(0);
-#[link_section = "gpumemtrace_hot"]
-static T0: AtomicU64 = AtomicU64::new(0);
-#[link_section = "gpumemtrace_hot"]
-static NS0: AtomicU64 = AtomicU64::new(0);
-#[link_section = "gpumemtrace_hot"]
-static MULT: AtomicU64 = AtomicU64::new(0);
+static MAP: TscMap = TscMap::new();
 /// The first calibration point and the last refit (ticks, ns): the long baseline the map's
 /// slope is measured over.
 static FIRST: (AtomicU64, AtomicU64) = (AtomicU64::new(0), AtomicU64::new(0));
 static LAST_REFIT_NS: AtomicU64 = AtomicU64::new(0);
 
-#[link_section = ".text.hot.gpumemtrace"]
-fn tsc_ns(t: u64) -> Option<u64> {
-    for _ in 0..64 {
-        let s = MAP_SEQ.load(Acquire);
-        if s & 1 == 1 {
-            std::hint::spin_loop();
-            continue;
-        }
-        let (t0, ns0, mult) = (T0.load(Relaxed), NS0.load(Relaxed), MULT.load(Relaxed));
-        fence(Acquire);
-        if MAP_SEQ.load(Relaxed) == s {
-            return Some(map(t, t0, ns0, mult));
-        }
-    }
-    None // the writer is (rarely) changing the map right now
-}
-
 fn map(t: u64, t0: u64, ns0: u64, mult: u64) -> u64 {
     let d = ((t as i128 - t0 as i128) * mult as i128) >> 32;
     (ns0 as i128 + d).max(0) as u64
-}
-
-fn set_map(t0: u64, ns0: u64, mult: u64) {
-    MAP_SEQ.fetch_add(1, AcqRel);
-    T0.store(t0, Relaxed);
-    NS0.store(ns0, Relaxed);
-    MULT.store(mult, Relaxed);
-    MAP_SEQ.fetch_add(1, Release);
 }
 
 /// A (ticks, ns) pair read as close together as this thread can: the tick read between two
@@ -154,15 +239,19 @@ fn calibrate() {
     FIRST.0.store(t1, Relaxed);
     FIRST.1.store(n1, Relaxed);
     LAST_REFIT_NS.store(n2, Relaxed);
-    set_map(t2, n2, mult as u64);
+    MAP.publish(Segments { t_sw: t2, ns_sw: n2, before: mult as u64, after: mult as u64 });
     TSC.store(true, SeqCst);
 }
 
 /// How often the writer refits the map.
 const REFIT_NS: u64 = 100_000_000;
+/// How far ahead of its publication a refit's switch point lies (see `TscMap`): far more than
+/// the writer takes from reading the counter to publishing, far less than `REFIT_NS`.
+const SWITCH_AHEAD_NS: u64 = 10_000_000;
 
 /// On the writer, now and then: the slope measured over the whole run so far, and the map
-/// steered back onto CLOCK_MONOTONIC over the next interval (continuous: no timestamp jumps).
+/// steered back onto CLOCK_MONOTONIC over the next interval, from a switch point a little ahead
+/// (continuous: no timestamp jumps, one function of the counter; see `TscMap`).
 pub fn refine() {
     if !TSC.load(Relaxed) {
         return;
@@ -173,19 +262,30 @@ pub fn refine() {
     let (t, n) = pair();
     LAST_REFIT_NS.store(n, Relaxed);
     let (tf, nf) = (FIRST.0.load(Relaxed), FIRST.1.load(Relaxed));
-    if t <= tf || n <= nf {
+    let cur = MAP.current();
+    // The map in use must have switched already: its own switch point is not moved.
+    if t <= tf || n <= nf || t <= cur.t_sw {
         return;
     }
     let slope = (((n - nf) as u128) << 32) / (t - tf) as u128;
-    let Some(here) = tsc_ns(t) else { return };
+    let ticks_in = |ns: u64| ((ns as u128) << 32) / slope.max(1);
+    let t_sw = t + ticks_in(SWITCH_AHEAD_NS) as u64;
+    let here = cur.ns(t_sw);
     // Over the next interval, close the gap between the map and the clock.
-    let ahead = ((REFIT_NS as u128) << 32) / slope.max(1);
-    let gap = n as i128 - here as i128;
-    let corrected = slope as i128 + (gap << 32) / ahead.max(1) as i128;
+    let gap = (n + SWITCH_AHEAD_NS) as i128 - here as i128;
+    let corrected = slope as i128 + (gap << 32) / ticks_in(REFIT_NS).max(1) as i128;
     // At most 0.1 % steering: a clock step (suspend) is not chased.
     let bound = slope as i128 / 1000;
-    let mult = corrected.clamp(slope as i128 - bound, slope as i128 + bound).max(1);
-    set_map(t, here, mult as u64);
+    let mult = corrected.clamp(slope as i128 - bound, slope as i128 + bound).max(1) as u64;
+    let next = Segments { t_sw, ns_sw: here, before: cur.after, after: mult };
+    MAP.write_idle(next);
+    // Published only while its switch point is still well ahead: a writer descheduled since it
+    // read the counter tries again at the next pass.
+    if ticks() + ticks_in(SWITCH_AHEAD_NS / 2) as u64 <= t_sw {
+        MAP.switch();
+    } else {
+        LAST_REFIT_NS.store(0, Relaxed);
+    }
 }
 
 /// The order in which calls happened, across threads. Threads hand events over in whatever
@@ -307,6 +407,79 @@ mod tests {
         assert_eq!(map(1_500, 1_000, 5_000, one), 5_500);
         assert_eq!(map(900, 1_000, 5_000, one), 4_900);
         assert_eq!(map(1_000 + 3_000, 1_000, 0, one / 4), 750);
+    }
+
+    /// A refit halfway written (its writer descheduled) leaves readers on the map in use: they
+    /// neither wait for it nor turn to another clock.
+    #[test]
+    fn readers_keep_the_current_map_while_a_refit_is_half_written() {
+        let one = 1u64 << 32;
+        let m = TscMap::new();
+        m.publish(Segments { t_sw: 1_000, ns_sw: 5_000, before: one, after: one });
+        assert_eq!(m.now(|| 1_500), Some(5_500));
+        let idle = &m.slots[((m.version.load(Relaxed) + 1) & 1) as usize];
+        idle.seq.fetch_add(1, AcqRel); // the writer stops here
+        idle.t_sw.store(2_000, Relaxed);
+        assert_eq!(m.now(|| 1_600), Some(5_600));
+        idle.seq.fetch_sub(1, AcqRel);
+        m.write_idle(Segments { t_sw: 2_000, ns_sw: 6_000, before: one, after: one / 2 });
+        assert_eq!(m.now(|| 2_500), Some(6_500), "written, not switched to");
+        m.switch();
+        assert_eq!(m.now(|| 2_500), Some(6_250));
+    }
+
+    /// Every version of the map gives the same nanoseconds for the counts read while it was in
+    /// use: before a refit's switch point, the refit maps as the map it replaced.
+    #[test]
+    fn a_refit_maps_every_count_before_its_switch_point_as_the_map_before_it() {
+        let one = 1u64 << 32;
+        let old = Segments { t_sw: 1_000, ns_sw: 5_000, before: one, after: one };
+        let t_sw = 10_000;
+        let new = Segments { t_sw, ns_sw: old.ns(t_sw), before: old.after, after: one + one / 1000 };
+        for t in [1_000, 4_321, 9_999, 10_000] {
+            assert_eq!(new.ns(t), old.ns(t), "{t}");
+        }
+        assert!(new.ns(20_000) > old.ns(20_000), "steered after it");
+        // Monotone across the switch point.
+        let v: Vec<u64> = (9_990..10_010).map(|t| new.ns(t)).collect();
+        assert!(v.windows(2).all(|w| w[0] < w[1]), "{v:?}");
+    }
+
+    /// A map read concurrently with refits never runs backwards on one thread.
+    #[test]
+    fn one_thread_reads_a_map_refitted_meanwhile_in_order() {
+        let m: &'static TscMap = Box::leak(Box::new(TscMap::new()));
+        let one = 1u64 << 32;
+        m.publish(Segments { t_sw: 0, ns_sw: 1_000_000, before: one, after: one });
+        let ticks = std::sync::Arc::new(AtomicU64::new(1));
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let refits = {
+            let (ticks, stop) = (ticks.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Relaxed) {
+                    let cur = m.current();
+                    let t = ticks.fetch_add(1, Relaxed);
+                    let t_sw = t + 1_000;
+                    let after = if n % 2 == 0 { one + one / 1000 } else { one - one / 1000 };
+                    m.publish(Segments { t_sw, ns_sw: cur.ns(t_sw), before: cur.after, after });
+                    // The next refit only once this one switched (as `refine` waits).
+                    while ticks.load(Relaxed) <= t_sw && !stop.load(Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                    n += 1;
+                }
+                n
+            })
+        };
+        let mut last = 0;
+        for _ in 0..200_000 {
+            let ns = m.now(|| ticks.fetch_add(1, Relaxed)).expect("a map");
+            assert!(ns >= last, "{ns} after {last}");
+            last = ns;
+        }
+        stop.store(true, Relaxed);
+        assert!(refits.join().unwrap() > 10, "refits happened meanwhile");
     }
 
     #[test]
