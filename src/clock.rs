@@ -69,8 +69,9 @@ pub fn describe() -> String {
 /// point, and a hook reads the map, then the counter, then checks that the map did not change
 /// meanwhile: the count it read falls between the current map's publication and the next one's
 /// switch point, where all versions of the map agree. Two slots: the writer fills the one hooks
-/// are not reading (each slot has its own sequence lock), so a writer descheduled halfway
-/// through a refit never holds hooks up; they never fall back to another clock.
+/// are not reading, so a writer descheduled halfway through a refit never holds hooks up; they
+/// never fall back to another clock. The version is the slots' sequence lock: a slot is written
+/// only once the version moved past it, and a hook that read it then retries.
 struct TscMap {
     slots: [Slot; 2],
     /// Refits published so far; the current map is in slot `version & 1`.
@@ -79,7 +80,6 @@ struct TscMap {
 
 #[repr(C)]
 struct Slot {
-    seq: AtomicU64,
     /// The switch point: ticks and the nanoseconds they map to.
     t_sw: AtomicU64,
     ns_sw: AtomicU64,
@@ -106,7 +106,7 @@ impl Segments {
 impl Slot {
     const fn new() -> Slot {
         const Z: AtomicU64 = AtomicU64::new(0);
-        Slot { seq: Z, t_sw: Z, ns_sw: Z, before: Z, after: Z }
+        Slot { t_sw: Z, ns_sw: Z, before: Z, after: Z }
     }
 }
 
@@ -123,19 +123,16 @@ impl TscMap {
         for _ in 0..1024 {
             let v = self.version.load(Acquire);
             let slot = &self.slots[(v & 1) as usize];
-            let s = slot.seq.load(Acquire);
-            if s & 1 == 0 {
-                let m = Segments {
-                    t_sw: slot.t_sw.load(Relaxed),
-                    ns_sw: slot.ns_sw.load(Relaxed),
-                    before: slot.before.load(Relaxed),
-                    after: slot.after.load(Relaxed),
-                };
-                let t = ticks();
-                fence(Acquire);
-                if slot.seq.load(Relaxed) == s && self.version.load(Relaxed) == v {
-                    return Some(m.ns(t));
-                }
+            let m = Segments {
+                t_sw: slot.t_sw.load(Relaxed),
+                ns_sw: slot.ns_sw.load(Relaxed),
+                before: slot.before.load(Relaxed),
+                after: slot.after.load(Relaxed),
+            };
+            let t = ticks();
+            fence(Acquire);
+            if self.version.load(Relaxed) == v {
+                return Some(m.ns(t));
             }
             std::hint::spin_loop();
         }
@@ -156,12 +153,13 @@ impl TscMap {
     /// Fills the slot hooks are not reading; `switch` then makes it the map in use.
     fn write_idle(&self, m: Segments) {
         let slot = &self.slots[((self.version.load(Relaxed) + 1) & 1) as usize];
-        slot.seq.fetch_add(1, AcqRel);
+        // A hook that sees any of these stores sees the version that retired this slot too
+        // (paired with its Acquire fence), and retries.
+        fence(Release);
         slot.t_sw.store(m.t_sw, Relaxed);
         slot.ns_sw.store(m.ns_sw, Relaxed);
         slot.before.store(m.before, Relaxed);
         slot.after.store(m.after, Relaxed);
-        slot.seq.fetch_add(1, Release);
     }
 
     fn switch(&self) {
@@ -418,10 +416,8 @@ mod tests {
         m.publish(Segments { t_sw: 1_000, ns_sw: 5_000, before: one, after: one });
         assert_eq!(m.now(|| 1_500), Some(5_500));
         let idle = &m.slots[((m.version.load(Relaxed) + 1) & 1) as usize];
-        idle.seq.fetch_add(1, AcqRel); // the writer stops here
-        idle.t_sw.store(2_000, Relaxed);
+        idle.t_sw.store(2_000, Relaxed); // the writer stops here
         assert_eq!(m.now(|| 1_600), Some(5_600));
-        idle.seq.fetch_sub(1, AcqRel);
         m.write_idle(Segments { t_sw: 2_000, ns_sw: 6_000, before: one, after: one / 2 });
         assert_eq!(m.now(|| 2_500), Some(6_500), "written, not switched to");
         m.switch();
