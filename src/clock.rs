@@ -16,7 +16,8 @@ use crossbeam_utils::CachePadded;
 /// CLOCK_MONOTONIC, in nanoseconds.
 #[link_section = ".text.hot.gpumemtrace"]
 pub fn now_ns() -> u64 {
-    if TSC.load(Relaxed) {
+    // Acquire: a map published before the flag was set is seen with it (free on x86-64).
+    if TSC.load(Acquire) {
         if let Some(ns) = MAP.now(ticks) {
             return ns;
         }
@@ -68,7 +69,10 @@ pub fn describe() -> String {
 /// it (the previous map's), the new one after. A refit is published well before its switch
 /// point, and a hook reads the map, then the counter, then checks that the map did not change
 /// meanwhile: the count it read falls between the current map's publication and the next one's
-/// switch point, where all versions of the map agree. Two slots: the writer fills the one hooks
+/// switch point, where all versions of the map agree (to 1 ns: each rounds down from its own
+/// anchor). A refit published after its switch point (a writer descheduled between its last
+/// check and the switch, for 5 ms) breaks this by the slopes' difference over the overrun: it
+/// is counted and said in the trace (`late_switches`). Two slots: the writer fills the one hooks
 /// are not reading, so a writer descheduled halfway through a refit never holds hooks up; they
 /// never fall back to another clock. The version is the slots' sequence lock: a slot is written
 /// only once the version moved past it, and a hook that read it then retries.
@@ -281,9 +285,30 @@ pub fn refine() {
     // read the counter tries again at the next pass.
     if ticks() + ticks_in(SWITCH_AHEAD_NS / 2) as u64 <= t_sw {
         MAP.switch();
+        // A writer descheduled between the check and the switch for longer than the margin
+        // published a map its switch point had passed: counts read meanwhile map differently in
+        // the two versions, by the slopes' difference over the overrun. Not expected, but counted.
+        let overrun = ticks().saturating_sub(t_sw);
+        if overrun > 0 {
+            let over_ns = map(overrun, 0, 0, mult) as u128;
+            let apart = (over_ns * mult.abs_diff(cur.after) as u128 / cur.after.max(1) as u128) as u64;
+            LATE_SWITCHES.fetch_add(1, Relaxed);
+            LATE_SWITCH_NS.fetch_max(apart.max(1), Relaxed);
+        }
     } else {
         LAST_REFIT_NS.store(0, Relaxed);
     }
+}
+
+/// Refits published after their switch point, and the most two versions of the map differed by
+/// (nanoseconds) on a count read meanwhile (see `refine`).
+static LATE_SWITCHES: AtomicU64 = AtomicU64::new(0);
+static LATE_SWITCH_NS: AtomicU64 = AtomicU64::new(0);
+
+/// For the trace's notices: refits published late, and by how much events' times may disagree.
+pub fn late_switches() -> Option<(u64, u64)> {
+    let n = LATE_SWITCHES.load(Relaxed);
+    (n > 0).then(|| (n, LATE_SWITCH_NS.load(Relaxed)))
 }
 
 /// The order in which calls happened, across threads. Threads hand events over in whatever

@@ -533,6 +533,11 @@ impl Writer {
                 "tracing was paused {pauses} times (gpumemtrace_pause): calls made while paused are not in the trace, so live memory and leaks are not exact"
             ));
         }
+        if let Some((n, apart)) = crate::clock::late_switches() {
+            self.notice(&format!(
+                "the clock's map was refitted late {n} times (the writer was descheduled while publishing it): events stamped then may be out of order by up to {apart} ns"
+            ));
+        }
         let waited = crate::ring::WAITED.load(std::sync::atomic::Ordering::Relaxed);
         if waited > 0 {
             self.notice(&format!("{waited} events waited for room in their thread's ring (the writer had fallen behind)"));
