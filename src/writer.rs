@@ -98,6 +98,8 @@ pub struct Writer {
 /// Messages waiting for the horizon beyond which the thread holding it is given up on at once
 /// (`Horizon::advance`).
 const MAX_PENDING: usize = 65536;
+/// How many queued messages `release` writes between two chances to give ring space back.
+const RELEASE_COMMIT_EVERY: usize = 4096;
 /// Passes a drain makes at most, and the messages a pass reads that call for another.
 const PASSES: usize = 4;
 const BUSY_PASS: usize = 512;
@@ -248,6 +250,7 @@ impl Writer {
     /// (exit, fatal signal).
     pub fn release(&mut self, all: bool) -> io::Result<()> {
         let limit = (!all).then(|| self.horizon.key());
+        let mut written = 0usize;
         while let Some((ring, m)) = self.waiting.next_below(limit) {
             self.released = self.released.max(m.key + 1);
             let Some(jn) = self.journal else { continue };
@@ -257,6 +260,15 @@ impl Writer {
                 Ok(ev) => self.event(ev)?,
                 Err(Ok(jfmt::Entry::Msg(msg))) => self.write_msg(msg)?,
                 Err(_) => self.dropped += 1, // not expected: the hooks wrote it whole
+            }
+            // A long backlog (a horizon that moved after a long hold, a writer starved of CPU)
+            // gives ring space back as it goes: hooks waiting for room see commits, not a
+            // writer that looks stalled for the whole backlog (then they give events up). Only
+            // once the message taken from its queue is written: it no longer holds its space
+            // there, so a flush before would commit it unwritten.
+            written += 1;
+            if written.is_multiple_of(RELEASE_COMMIT_EVERY) && self.rings_filling() {
+                self.flush_busy()?;
             }
         }
         Ok(())
