@@ -112,6 +112,16 @@ impl Slot {
         const Z: AtomicU64 = AtomicU64::new(0);
         Slot { t_sw: Z, ns_sw: Z, before: Z, after: Z }
     }
+
+    #[inline(always)]
+    fn load(&self) -> Segments {
+        Segments {
+            t_sw: self.t_sw.load(Relaxed),
+            ns_sw: self.ns_sw.load(Relaxed),
+            before: self.before.load(Relaxed),
+            after: self.after.load(Relaxed),
+        }
+    }
 }
 
 impl TscMap {
@@ -126,13 +136,7 @@ impl TscMap {
         // two threads at once, which `publish`'s callers rule out.
         for _ in 0..1024 {
             let v = self.version.load(Acquire);
-            let slot = &self.slots[(v & 1) as usize];
-            let m = Segments {
-                t_sw: slot.t_sw.load(Relaxed),
-                ns_sw: slot.ns_sw.load(Relaxed),
-                before: slot.before.load(Relaxed),
-                after: slot.after.load(Relaxed),
-            };
+            let m = self.slots[(v & 1) as usize].load();
             let t = ticks();
             fence(Acquire);
             if self.version.load(Relaxed) == v {
@@ -145,13 +149,7 @@ impl TscMap {
 
     /// The map in use (on the one thread that publishes).
     fn current(&self) -> Segments {
-        let slot = &self.slots[(self.version.load(Acquire) & 1) as usize];
-        Segments {
-            t_sw: slot.t_sw.load(Relaxed),
-            ns_sw: slot.ns_sw.load(Relaxed),
-            before: slot.before.load(Relaxed),
-            after: slot.after.load(Relaxed),
-        }
+        self.slots[(self.version.load(Acquire) & 1) as usize].load()
     }
 
     /// Fills the slot hooks are not reading; `switch` then makes it the map in use.

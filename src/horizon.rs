@@ -77,7 +77,6 @@ impl Horizon {
                 holding.push((i, v, key));
             }
         }
-        let before = self.key;
         self.rise(now, &holding);
         // The thread that holds it back (a key not noted yet holds it where it is).
         let Some(at) = holding.iter().position(|&(_, _, k)| k.is_none_or(|k| k <= self.key)) else {
@@ -85,9 +84,6 @@ impl Horizon {
             self.held_since = None;
             return;
         };
-        if self.key > before {
-            self.held_since = None;
-        }
         let held = *self.held_since.get_or_insert_with(Instant::now);
         let (i, v, _) = holding[at];
         // The shared ring's count changes as its threads come and go: it binds as one.
@@ -103,18 +99,17 @@ impl Horizon {
         self.binding = None;
         self.gave_up += 1;
         holding.swap_remove(at);
-        // One at a time: what waited behind it is written before the next is judged (a horizon
-        // that moves gives the next holder a wait of its own).
-        let before = self.key;
+        // One at a time: what waited behind it is written before the next is judged.
         self.rise(now, &holding);
-        if self.key > before {
-            self.held_since = None;
-        }
     }
 
     fn rise(&mut self, now: u64, holding: &[(usize, u32, Option<u64>)]) {
         let bound = holding.iter().fold(now, |b, &(_, _, k)| b.min(k.unwrap_or(self.key)));
-        self.key = self.key.max(bound);
+        if bound > self.key {
+            self.key = bound;
+            // A horizon that moves gives whoever holds it next a wait of its own.
+            self.held_since = None;
+        }
     }
 }
 
