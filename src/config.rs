@@ -22,6 +22,9 @@ pub struct Config {
     /// (`GPUMEMTRACE_TEST_WRITER_DELAY_US`), panic while recording the Nth event
     /// (`GPUMEMTRACE_TEST_PANIC_AT`).
     pub test_writer_delay_us: u64,
+    /// `GPUMEMTRACE_TEST_EVENT_DELAY_US`: the writer sleeps this long per event it writes (a
+    /// writer short of CPU, working slowly through a backlog).
+    pub test_event_delay_us: u64,
     pub test_panic_at: u64,
     /// Order keys are process-wide numbers even where the clock could order calls (the path
     /// of hosts with a coarse clock, tested on any host).
@@ -134,6 +137,7 @@ impl Config {
             // Test knobs exist in debug builds only (the tests run those): a release build
             // never reads them, so a stray variable cannot slow or stop a real job.
             test_writer_delay_us: if cfg!(debug_assertions) { number("GPUMEMTRACE_TEST_WRITER_DELAY_US", 10, 10_000_000, 0) } else { 0 },
+            test_event_delay_us: if cfg!(debug_assertions) { number("GPUMEMTRACE_TEST_EVENT_DELAY_US", 10, 1_000_000, 0) } else { 0 },
             test_panic_at: if cfg!(debug_assertions) { number("GPUMEMTRACE_TEST_PANIC_AT", 10, u64::MAX, 0) } else { 0 },
             test_numbered_keys: cfg!(debug_assertions) && flag("GPUMEMTRACE_TEST_NUMBERED_KEYS", false, "keys are timestamps where the clock allows"),
             python,
@@ -226,12 +230,17 @@ mod tests {
 
     #[test]
     fn test_knobs_are_read_in_debug_builds_only() {
-        let (c, w) = cfg(&[("GPUMEMTRACE_TEST_WRITER_DELAY_US", "5"), ("GPUMEMTRACE_TEST_PANIC_AT", "3"), ("GPUMEMTRACE_TEST_NUMBERED_KEYS", "1")]);
-        let knobs = (c.test_writer_delay_us, c.test_panic_at, c.test_numbered_keys);
+        let (c, w) = cfg(&[
+            ("GPUMEMTRACE_TEST_WRITER_DELAY_US", "5"),
+            ("GPUMEMTRACE_TEST_EVENT_DELAY_US", "7"),
+            ("GPUMEMTRACE_TEST_PANIC_AT", "3"),
+            ("GPUMEMTRACE_TEST_NUMBERED_KEYS", "1"),
+        ]);
+        let knobs = (c.test_writer_delay_us, c.test_event_delay_us, c.test_panic_at, c.test_numbered_keys);
         if cfg!(debug_assertions) {
-            assert_eq!(knobs, (5, 3, true));
+            assert_eq!(knobs, (5, 7, 3, true));
         } else {
-            assert_eq!(knobs, (0, 0, false), "a release build ignores test knobs");
+            assert_eq!(knobs, (0, 0, 0, false), "a release build ignores test knobs");
         }
         assert!(w.is_empty());
     }

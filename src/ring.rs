@@ -35,8 +35,20 @@ pub static WAITED: AtomicU64 = AtomicU64::new(0);
 /// map, the epoch) do not lose the line each time.
 static COMMITS: CachePadded<AtomicU64> = CachePadded::new(AtomicU64::new(0));
 
-pub fn commits() -> u64 {
-    COMMITS.load(Acquire)
+/// Bumped by the writer as it reads and writes a backlog, between commits: a writer short of
+/// CPU may take longer than a hook's wait between two commits (its first pass over forty full
+/// rings, in a debug build on two busy cores, took seconds), and is still no stalled output.
+/// On its own line, like `COMMITS`, read by hooks only while they wait for room.
+static WORKED: CachePadded<AtomicU64> = CachePadded::new(AtomicU64::new(0));
+
+/// On the writer: it has read or written some messages since the last call.
+pub fn note_work() {
+    WORKED.fetch_add(1, Relaxed);
+}
+
+/// What a waiting hook watches to see the writer move: its commits and its work between them.
+pub fn writer_moves() -> u64 {
+    COMMITS.load(Acquire).wrapping_add(WORKED.load(Relaxed))
 }
 
 /// The shared ring's mark: how many of the threads that share it are between their stamp and

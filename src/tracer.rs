@@ -381,15 +381,15 @@ fn push(t: &Tracer, ring: usize, msg: MsgRef) {
 /// How a hook waits for room in its ring (called only once the ring turns out full).
 fn room_waiter(t: &Tracer) -> impl FnMut(u32) -> bool + '_ {
     // The clock is read only once the ring turns out full: not on the hot path. The wait is
-    // bounded by time without progress: a writer that commits, however slowly (starved of
-    // CPU by the program's own threads), is not a stalled output. But a writer that spent
-    // most of a second of waiting inside writes is held by its output (a slow disk, a pipe
-    // read slowly): its commits do not count, or the host would run at the output's speed.
-    // The writer's commit count too is read only then: its line moves at every commit.
+    // bounded by time without progress: a writer that commits or works through its backlog,
+    // however slowly (starved of CPU by the program's own threads), is not a stalled output.
+    // But a writer that spent most of a second of waiting inside writes is held by its output
+    // (a slow disk, a pipe read slowly): its progress does not count, or the host would run at
+    // the output's speed. The writer's counts too are read only then: their lines move often.
     let (mut last_commit, mut seen, mut waiting) = (None, None, None);
     move |tries| {
         let now = Instant::now();
-        let c = ring::commits();
+        let c = ring::writer_moves();
         if seen.is_some_and(|s| s != c) {
             last_commit = None;
         }

@@ -93,6 +93,9 @@ pub struct Writer {
     /// Aggregate mode (`Config::aggregate`): successful calls go into summaries, not records.
     agg: Option<Aggregate>,
     backward: Backward,
+    /// Test knob (`GPUMEMTRACE_TEST_EVENT_DELAY_US`, debug builds): a writer this much slower
+    /// per event, like one starved of CPU working through a backlog.
+    event_delay: Duration,
 }
 
 /// Messages waiting for the horizon beyond which the thread holding it is given up on at once
@@ -100,6 +103,8 @@ pub struct Writer {
 const MAX_PENDING: usize = 65536;
 /// How many queued messages `release` writes between two chances to give ring space back.
 const RELEASE_COMMIT_EVERY: usize = 4096;
+/// How often a backlog's writing tells waiting hooks that the writer still moves (`ring::note_work`).
+const NOTE_WORK_EVERY: usize = 512;
 /// Passes a drain makes at most, and the messages a pass reads that call for another.
 const PASSES: usize = 4;
 const BUSY_PASS: usize = 512;
@@ -148,6 +153,7 @@ impl Writer {
             handed: [0; RINGS],
             agg: None,
             backward: Backward::default(),
+            event_delay: Duration::from_micros(config.test_event_delay_us),
         };
         w.put(&Record::Process(process_info(start_ns, config)));
         for (&id, hook) in ALL.iter().zip(HOOKS) {
@@ -203,6 +209,9 @@ impl Writer {
         for i in 0..RINGS {
             self.read_pos[i] = jn.take(i, self.read_pos[i], |pos, payload| {
                 n += 1;
+                if n % NOTE_WORK_EVERY == 0 {
+                    crate::ring::note_work();
+                }
                 // A message waits for its turn as a key and a place in the ring (decoded when
                 // written: its space is not committed meanwhile).
                 let key = jfmt::seq_of(payload);
@@ -267,6 +276,9 @@ impl Writer {
             // once the message taken from its queue is written: it no longer holds its space
             // there, so a flush before would commit it unwritten.
             written += 1;
+            if written.is_multiple_of(NOTE_WORK_EVERY) {
+                crate::ring::note_work();
+            }
             if written.is_multiple_of(RELEASE_COMMIT_EVERY) && self.rings_filling() {
                 self.flush_busy()?;
             }
@@ -301,6 +313,9 @@ impl Writer {
 
     /// Encodes one event (and its stack and modules, the first time they are seen).
     pub fn event(&mut self, ev: RawEvent) -> io::Result<()> {
+        if !self.event_delay.is_zero() {
+            std::thread::sleep(self.event_delay);
+        }
         if let Some(n) = crate::python::take_notice() {
             self.notice(&n);
         }

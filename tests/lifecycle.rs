@@ -332,6 +332,29 @@ fn a_slow_writer_applies_back_pressure_without_dropping() {
 }
 
 #[test]
+fn a_writer_working_slowly_through_a_full_ring_is_waited_for_though_it_commits_nothing_for_seconds() {
+    // 400 us an event on the writer (a writer starved of CPU, as with 160 busy threads on two
+    // cores): a full ring of some 5000 events takes it about 2 s to read before it can give
+    // any space back. Hooks waiting for room see it work, so they wait: nothing is given up.
+    let pairs = 6000u64;
+    let run = run_traced(
+        "prog_threads",
+        &["1", &pairs.to_string()],
+        &[("GPUMEMTRACE_FRAMES", "4"), ("GPUMEMTRACE_TEST_EVENT_DELAY_US", "400")],
+    );
+    assert!(run.out.status.success(), "{}", run.stderr);
+    let t = run.trace();
+    let stats = t.stats.unwrap();
+    assert_eq!(stats.dropped, 0, "{:?}", t.notices);
+    assert_eq!(t.events.len() as u64, 2 * pairs + 1);
+    assert!(
+        t.notices.iter().any(|n| n.contains("waited for room")),
+        "the hook did wait for the writer: {:?}",
+        t.notices
+    );
+}
+
+#[test]
 fn a_stalled_output_costs_the_host_a_bounded_wait_and_every_event_given_up_is_counted() {
     // The writer sleeps 3 s before each batch (a disk that takes seconds per write). Hooks wait
     // for room at most 1 s, then give events up (counted) instead of running at disk speed.
