@@ -16,6 +16,12 @@ use crossbeam_utils::CachePadded;
 /// CLOCK_MONOTONIC, in nanoseconds.
 #[link_section = ".text.hot.gpumemtrace"]
 pub fn now_ns() -> u64 {
+    now_inline()
+}
+
+/// `now_ns`, inlined into the hooks' stamp.
+#[inline(always)]
+fn now_inline() -> u64 {
     // Acquire: a map published before the flag was set is seen with it (free on x86-64).
     if TSC.load(Acquire) {
         if let Some(ns) = MAP.now(ticks) {
@@ -341,10 +347,10 @@ static SEQ: CachePadded<AtomicU64> = CachePadded::new(AtomicU64::new(0));
 /// of order with what it
 /// caused: a free's key precedes its real call, whose completion precedes any reuse of the memory
 /// and that allocation's key by far more than that.
-#[link_section = ".text.hot.gpumemtrace"]
+#[inline(always)]
 pub fn stamp() -> (u64, u64) {
     if BY_TIME.load(Relaxed) {
-        let t = now_ns();
+        let t = now_inline();
         return (t, t);
     }
     (SEQ.fetch_add(1, SeqCst), now_ns())

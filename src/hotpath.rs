@@ -39,27 +39,36 @@ pub fn traced(api: u32, op: Op, call: impl FnOnce() -> Status, describe: impl Fn
     // stamped event not handed over yet).
     let is_free = matches!(op, Op::Free);
     if is_free {
-        let mut before = None;
-        match catch_unwind(AssertUnwindSafe(|| {
-            let fields = describe(SUCCESS)?;
-            tracer::ensure_started().then(|| (fields, tracer::stamp(Some(&guard))))
-        })) {
-            Ok(b) => before = b,
-            Err(_) => tracer::disable("internal error while describing a free"),
+        // Filled in place (not returned through the closure and moved on: the stamp and the
+        // fields are a hundred bytes, and each move of them was a dozen instructions).
+        let mut fields = None;
+        let mut stamp = None;
+        if catch_unwind(AssertUnwindSafe(|| {
+            fields = describe(SUCCESS);
+            if fields.is_some() && tracer::ensure_started() {
+                stamp = Some(tracer::stamp(Some(&guard)));
+            }
+        }))
+        .is_err()
+        {
+            stamp = None;
+            tracer::disable("internal error while describing a free");
         }
         let calling = selftime::mark();
         let result = call();
         let returned = selftime::mark();
-        if let Some((fields, stamp)) = before {
+        if let (Some(f), Some(st)) = (&fields, &stamp) {
             if result == SUCCESS {
                 // A free needs no stack (the allocation's says what the memory was for), only the
                 // bit that says whether Python code freed it, as a block free. A failed free
                 // keeps its stacks: a report shows where the bad free came from.
-                report_panic(catch_unwind(AssertUnwindSafe(|| free_without_stack(&guard, api, fields, &stamp))));
+                report_panic(catch_unwind(AssertUnwindSafe(|| free_without_stack(&guard, api, f, st))));
                 count_bare(entered, calling, returned);
             } else {
+                let f = *f;
+                let st = stamp.take();
                 report_panic(catch_unwind(AssertUnwindSafe(|| {
-                    record(&guard, api, result, fields, Some(stamp));
+                    record(&guard, api, result, f, st);
                 })));
             }
         }
@@ -152,9 +161,9 @@ pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: O
 }
 
 #[link_section = ".text.hot.gpumemtrace"]
-fn free_without_stack(guard: &Guard, api: u32, f: Fields, stamp: &tracer::Stamp) {
+fn free_without_stack(guard: &Guard, api: u32, f: &Fields, stamp: &tracer::Stamp) {
     let device = f.device.unwrap_or_else(resolve::current_device);
-    tracer::submit(bare_event(guard, api, SUCCESS, f, device, stamp, python_flag(guard)), stamp);
+    tracer::submit(bare_event(guard, api, SUCCESS, *f, device, stamp, python_flag(guard)), stamp);
 }
 
 /// A free's flag: whether the program's Python code made it. Only the main thread's events tell
@@ -256,6 +265,7 @@ fn record(guard: &Guard, api: u32, result: Status, f: Fields, stamp: Option<trac
 }
 
 /// What a call did, as the table line describes it.
+#[derive(Clone, Copy)]
 pub struct Fields {
     addr: u64,
     size: u64,

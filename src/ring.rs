@@ -197,6 +197,8 @@ impl Journal {
         Ok(jn)
     }
 
+    // Inlined: a call of its own on every warm event otherwise (twice), for a bounds check.
+    #[inline(always)]
     fn u64(&self, off: u64) -> &AtomicU64 {
         assert!(off.is_multiple_of(8) && (off as usize) + 8 <= self.len);
         // SAFETY: aligned, inside the mapping, which lives as long as `self`.
@@ -406,7 +408,8 @@ impl Journal {
     /// writes, returning how many: straight into the ring where `max` bytes do not wrap around
     /// the ring's end (no buffer in between, whose cache lines a cold hook would pay for), else
     /// through one on the stack. Room is found for `max` bytes; the entry takes what was written.
-    #[link_section = ".text.hot.gpumemtrace"]
+    /// Inlined into the hooks (its one line of callers' code, not a call of its own).
+    #[inline(always)]
     pub fn push_in_place(&self, i: usize, max: usize, wait: impl FnMut(u32) -> bool, fill: impl FnOnce(&mut [u8]) -> usize) -> Option<u64> {
         assert!(max <= IN_PLACE_MAX);
         self.locked(i, || {
@@ -420,22 +423,42 @@ impl Journal {
                     // producer (or the shared ring's lock holder) alone touches these bytes.
                     fill(unsafe { std::slice::from_raw_parts_mut(self.base.add(off), max) }).min(max)
                 } else {
-                    let mut buf = [0u8; IN_PLACE_MAX];
-                    let len = fill(&mut buf[..max]).min(max);
-                    self.ring_write(i, pos, &buf[..len]);
-                    len
+                    self.fill_wrapping(i, pos, max, fill)
                 }
             })
         })
     }
 
+    /// `push_in_place`'s entry that would wrap around the ring's end: written on the stack,
+    /// then copied in two pieces (once a lap).
+    #[cold]
+    #[inline(never)]
+    fn fill_wrapping(&self, i: usize, pos: u64, max: usize, fill: impl FnOnce(&mut [u8]) -> usize) -> usize {
+        let mut buf = [0u8; IN_PLACE_MAX];
+        let len = fill(&mut buf[..max]).min(max);
+        self.ring_write(i, pos, &buf[..len]);
+        len
+    }
+
     /// Runs `f` holding ring `i`'s lock if it is the shared one.
     #[inline(always)]
     fn locked<R>(&self, i: usize, f: impl FnOnce() -> R) -> R {
-        if i != SHARED {
-            return f();
+        // `f` is called from one place: called from two, it was compiled as a function of its
+        // own (a call, its prologue and the closure's state copied, on every warm event).
+        let lock = (i == SHARED).then(|| self.u32(Self::control(i, ring::LOCK)));
+        if let Some(lock) = lock {
+            Self::acquire(lock);
         }
-        let lock = self.u32(Self::control(i, ring::LOCK));
+        let r = f();
+        if let Some(lock) = lock {
+            lock.store(0, Release);
+        }
+        r
+    }
+
+    /// Takes the shared ring's lock (spinning, then yielding: its holders hold it for one entry).
+    #[cold]
+    fn acquire(lock: &AtomicU32) {
         let mut n = 0;
         while lock.compare_exchange_weak(0, 1, Acquire, Relaxed).is_err() {
             n += 1;
@@ -444,9 +467,6 @@ impl Journal {
             }
             std::hint::spin_loop();
         }
-        let r = f();
-        lock.store(0, Release);
-        r
     }
 
     /// Finds room for an entry of up to `max` payload bytes (waiting as `wait` says), has

@@ -197,12 +197,14 @@ pub fn stamp(guard: Option<&crate::guard::Guard>) -> Stamp {
 }
 
 /// Hands an event to the writer; `stamp` is the one its key and time came from.
-#[link_section = ".text.hot.gpumemtrace"]
+#[inline(always)]
 pub fn submit(ev: RawEvent, stamp: &Stamp) {
-    // Counted only when a test asks for it: no shared counter on the hot path.
-    let panic_at = TEST_PANIC_AT.load(Relaxed);
-    if panic_at != 0 && SUBMITTED.fetch_add(1, SeqCst) + 1 == panic_at {
-        panic!("GPUMEMTRACE_TEST_PANIC_AT={panic_at}: deliberate panic for testing");
+    // Counted only when a test asks for it (debug builds): no shared counter on the hot path.
+    if cfg!(debug_assertions) {
+        let panic_at = TEST_PANIC_AT.load(Relaxed);
+        if panic_at != 0 && SUBMITTED.fetch_add(1, SeqCst) + 1 == panic_at {
+            panic!("GPUMEMTRACE_TEST_PANIC_AT={panic_at}: deliberate panic for testing");
+        }
     }
     // Borrowed, not moved into a `Msg`: the event is written from where the hook built it.
     send(MsgRef::Event(&ev), stamp);
@@ -338,12 +340,12 @@ fn catch_unwind_silent<R>(f: impl FnOnce() -> R) -> Option<R> {
 }
 
 /// Puts the message into the calling thread's ring, waiting (bounded) while the ring is full.
-#[link_section = ".text.hot.gpumemtrace"]
+/// A warm event (no code objects to describe, no frames: its stacks' keys only; the common case)
+/// is written straight into the ring, in one pass, the length known at the end: that path is
+/// inlined into the hooks, the rest is not.
+#[inline(always)]
 fn push(t: &Tracer, ring: usize, msg: MsgRef) {
-    // A warm event (no code objects to describe, no frames: its stacks' keys only) is written
-    // straight into the ring.
     if let MsgRef::Event(e) = msg {
-        // Keys only (the common case): written in one pass, the length known at the end.
         if jfmt::is_warm(e) {
             let mut len = 0;
             let after = t.journal.push_in_place(ring, jfmt::WARM_MAX, room_waiter(t), |dst| {
@@ -353,6 +355,15 @@ fn push(t: &Tracer, ring: usize, msg: MsgRef) {
             pushed(after, len);
             return;
         }
+    }
+    push_other(t, ring, msg);
+}
+
+/// `push` of anything but a warm event.
+#[link_section = ".text.hot.gpumemtrace"]
+#[inline(never)]
+fn push_other(t: &Tracer, ring: usize, msg: MsgRef) {
+    if let MsgRef::Event(e) = msg {
         if e.py.as_ref().is_none_or(|p| p.new_codes.is_empty()) {
             let plan = jfmt::plan_event(e);
             if plan.bytes() <= ring::IN_PLACE_MAX {

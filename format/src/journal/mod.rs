@@ -361,7 +361,8 @@ pub const WARM_MAX: usize = EVENT_FIXED + 4 + 4 + 5 * 8 + 4 + 8 + 8;
 /// one pass, laid out as `write_event` lays it out, and returns its length; `None` (nothing
 /// written) for any other event. One pass instead of `plan_event` then `write_event`: the
 /// present mask is filled in last. `out` holds at least [`WARM_MAX`] bytes.
-#[link_section = ".text.hot.gpumemtrace"]
+// Inlined into the hook that hands the event over (across crates: `#[inline]`).
+#[inline]
 pub fn write_warm_event(e: &RawEvent, out: &mut [u8]) -> Option<usize> {
     if !is_warm(e) || out.len() < WARM_MAX {
         return None;
