@@ -411,6 +411,7 @@ pub fn reset_seq() {
 #[link_section = "gpumemtrace_hot"]
 static EPOCH: AtomicU64 = AtomicU64::new(0);
 
+#[inline(always)]
 pub fn epoch() -> u64 {
     EPOCH.load(SeqCst)
 }

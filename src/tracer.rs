@@ -89,7 +89,8 @@ static FLUSH_DONE: AtomicU64 = AtomicU64::new(0);
 static FATAL_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
 /// Whether hooks should only forward: tracing is off, or paused (`control`).
-#[link_section = ".text.hot.gpumemtrace"]
+// Small accessors every hook calls: inlined (a call for one load otherwise).
+#[inline(always)]
 pub fn is_off() -> bool {
     STATE.load(SeqCst) == OFF || PAUSED.load(Relaxed)
 }
@@ -111,6 +112,7 @@ pub fn set_paused(on: bool) {
     }
 }
 
+#[inline(always)]
 pub fn max_frames() -> usize {
     MAX_FRAMES.load(SeqCst)
 }
@@ -119,11 +121,12 @@ pub fn max_frames() -> usize {
 static INTERPRETER_FRAMES: AtomicBool = AtomicBool::new(false);
 
 /// See `Config::interpreter_frames`.
+#[inline(always)]
 pub fn interpreter_frames() -> bool {
     INTERPRETER_FRAMES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-#[link_section = ".text.hot.gpumemtrace"]
+#[inline(always)]
 fn tracer() -> Option<&'static Tracer> {
     let p = TRACER.load(SeqCst);
     // SAFETY: TRACER is null or a leaked Box that is never freed.
@@ -150,7 +153,7 @@ pub fn disable(why: &str) {
 }
 
 /// Starts the tracer on the process's first allocation call; false if tracing is off.
-#[link_section = ".text.hot.gpumemtrace"]
+#[inline(always)]
 pub fn ensure_started() -> bool {
     if matches!(STATE.load(SeqCst), UNINIT | STARTING) {
         start();
