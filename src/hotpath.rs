@@ -136,18 +136,29 @@ pub fn block(apis: (u32, u32), ptr: u64, size: i64, device: C10Device, totals: O
     if size < 0 {
         // A free needs no stack: stamped before the block can be handed out again, with one bit
         // saying whether the program (not the interpreter's shutdown) freed it.
-        let recorded = catch_unwind(AssertUnwindSafe(|| tracer::ensure_started().then(|| (tracer::stamp(Some(&guard)), python_flag(&guard)))));
+        // Filled in place, as a driver free's (see `traced`).
+        let mut stamp = None;
+        let mut flags = 0;
+        if catch_unwind(AssertUnwindSafe(|| {
+            if tracer::ensure_started() {
+                stamp = Some(tracer::stamp(Some(&guard)));
+                flags = python_flag(&guard);
+            }
+        }))
+        .is_err()
+        {
+            stamp = None;
+            tracer::disable("internal error while describing a block free");
+        }
         let calling = selftime::mark();
         forward();
         let returned = selftime::mark();
-        match recorded {
-            Ok(Some((stamp, flags))) => report_panic(catch_unwind(AssertUnwindSafe(|| {
+        if let Some(stamp) = &stamp {
+            report_panic(catch_unwind(AssertUnwindSafe(|| {
                 let device = fields.device.unwrap_or(-1);
-                tracer::submit(bare_event(&guard, apis.1, SUCCESS, fields, device, &stamp, flags), &stamp);
+                tracer::submit(bare_event(&guard, apis.1, SUCCESS, fields, device, stamp, flags), stamp);
                 count_bare(entered, calling, returned);
-            }))),
-            Ok(None) => {}
-            Err(_) => tracer::disable("internal error while describing a block free"),
+            })));
         }
         return;
     }
