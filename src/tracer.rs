@@ -210,7 +210,14 @@ pub fn submit(ev: RawEvent, stamp: &Stamp) {
         }
     }
     // Borrowed, not moved into a `Msg`: the event is written from where the hook built it.
+    // A warm event owns nothing (no frames, no Python stack, no thread name): dropped only
+    // when it does, instead of a call to its drop glue at every event. (Should `send` unwind,
+    // which it catches, what the event owns would be leaked, never freed twice.)
+    let ev = std::mem::ManuallyDrop::new(ev);
     send(MsgRef::Event(&ev), stamp);
+    if ev.owns_memory() {
+        drop(std::mem::ManuallyDrop::into_inner(ev));
+    }
 }
 
 /// Phase records before the tracer started: kept (bounded) so the first events get their phase,

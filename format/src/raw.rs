@@ -63,6 +63,36 @@ pub struct RawEvent {
     pub thread_name: Option<String>,
 }
 
+impl RawEvent {
+    /// Whether dropping the event would free anything: a warm event owns nothing, and the hot
+    /// path skips its drop glue then. Every field is named here, so a new field that owns memory
+    /// cannot be forgotten.
+    #[inline]
+    pub fn owns_memory(&self) -> bool {
+        let RawEvent {
+            seq: _,
+            api: _,
+            time_ns: _,
+            tid: _,
+            result: _,
+            device: _,
+            addr: _,
+            size: _,
+            stream: _,
+            extra: _,
+            total_allocated: _,
+            total_reserved: _,
+            flags: _,
+            frames: Stack { key: _, frames },
+            py,
+            py_key: _,
+            py_tstate: _,
+            thread_name,
+        } = self;
+        frames.capacity() != 0 || py.is_some() || thread_name.is_some()
+    }
+}
+
 /// A captured stack as the hot path hands it over: `key` names it (a 64-bit hash of its frames,
 /// 0 for no frames); `frames` holds the frames only the first time this thread sends that key
 /// in this tracer's life (empty afterwards: the writer already knows the key). So the warm path
