@@ -291,6 +291,9 @@ struct Prev {
     /// Stack keys sent, for the tracer start (`clock::epoch`) in `epoch`.
     sent: [u64; SENT],
     epoch: u64,
+    /// Thread-state lookups through the key (`this_thread_state_counted`), counted here rather
+    /// than in a thread-local of their own: one loader call less a Python event.
+    lookups: u32,
 }
 
 /// Whether this thread already sent the stack `key` (and marks it sent); `sent` belongs to the
@@ -310,7 +313,7 @@ fn sent_before(sent: &mut [u64; SENT], of_epoch: &mut u64, key: u64) -> bool {
 
 thread_local! {
     static PREV: std::cell::RefCell<Prev> = const {
-        std::cell::RefCell::new(Prev { frames: Vec::new(), key: 0, partials: Vec::new(), scratch: Vec::new(), sent: [0; SENT], epoch: 0 })
+        std::cell::RefCell::new(Prev { frames: Vec::new(), key: 0, partials: Vec::new(), scratch: Vec::new(), sent: [0; SENT], epoch: 0, lookups: 0 })
     };
 }
 
@@ -327,15 +330,16 @@ pub fn capture() -> Option<Keyed> {
     if !initialized(interp) {
         return None;
     }
-    let tstate = this_thread_state(interp);
-    if tstate == 0 {
-        // A thread without Python (autograd's): no frames, and the previous stack stays as the
-        // hint for this thread's next walk.
-        return Some(Keyed { key: 0, has_tstate: false, full: None });
-    }
+    // A thread without Python (autograd's): no frames, and the previous stack stays as the
+    // hint for this thread's next walk.
+    let no_python = || Some(Keyed { key: 0, has_tstate: false, full: None });
     let r = PREV.try_with(|prev| {
         let Ok(mut prev) = prev.try_borrow_mut() else { return None };
-        let Prev { frames: prev_frames, key: prev_key, partials, scratch, sent, epoch } = &mut *prev;
+        let Prev { frames: prev_frames, key: prev_key, partials, scratch, sent, epoch, lookups } = &mut *prev;
+        let tstate = this_thread_state_counted(interp, lookups);
+        if tstate == 0 {
+            return no_python();
+        }
         scratch.clear();
         let mut out = PyCapture { frames: std::mem::take(scratch), new_codes: Vec::new() };
         let (same, shared) = if plausible(tstate, 8) {
@@ -362,6 +366,10 @@ pub fn capture() -> Option<Keyed> {
         Ok(Some(k)) => Some(k),
         // Thread teardown or reentry: the whole capture, sent with its frames.
         _ => {
+            let tstate = this_thread_state(interp);
+            if tstate == 0 {
+                return no_python();
+            }
             let mut out = PyCapture { frames: Vec::new(), new_codes: Vec::new() };
             if plausible(tstate, 8) {
                 // SAFETY: `tstate` is this thread's live PyThreadState; the frames it leads to
@@ -505,12 +513,22 @@ thread_local! {
 /// The calling thread's Python thread state (0: none). Only after `Py_IsInitialized` said yes.
 #[link_section = ".text.hot.gpumemtrace"]
 fn this_thread_state(interp: &Interp) -> u64 {
+    let mut n = LOOKUPS.try_with(|c| c.get()).unwrap_or(0);
+    let tstate = this_thread_state_counted(interp, &mut n);
+    let _ = LOOKUPS.try_with(|c| c.set(n));
+    tstate
+}
+
+/// `this_thread_state` with the thread's count of lookups where the caller keeps it.
+#[inline(always)]
+fn this_thread_state_counted(interp: &Interp, lookups: &mut u32) -> u64 {
     let key = TSS_KEY.load(Relaxed);
     if key < KEY_NONE {
         // SAFETY: a key the interpreter created (see `find_key`); glibc answers null for a
         // key deleted since (the interpreter deletes it after it has stopped being initialized).
         let by_key = unsafe { libc::pthread_getspecific(key as libc::pthread_key_t) } as u64;
-        let n = LOOKUPS.try_with(|c| c.replace(c.get().wrapping_add(1))).unwrap_or(0);
+        let n = *lookups;
+        *lookups = n.wrapping_add(1);
         if !n.is_multiple_of(CHECK_EVERY) {
             return by_key;
         }
