@@ -52,7 +52,10 @@ macro_rules! exports {
         }
 
         $(
+            // PyTorch calls these at every block: kept beside the rest of the hot path (three
+            // small functions), not on a code page of their own.
             #[no_mangle]
+            #[link_section = ".text.hot.gpumemtrace"]
             #[allow(non_snake_case, unused_unsafe, clippy::missing_safety_doc)]
             pub unsafe extern "C" fn $bname($($barg: $bty),*) {
                 type Real = unsafe extern "C" fn($($bty),*);

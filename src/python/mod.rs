@@ -115,10 +115,16 @@ static INTERPRETER_CODE: OnceCell<Vec<(u64, u64)>> = OnceCell::new();
 
 /// The address ranges of the object holding the interpreter (libpython, or the `python`
 /// executable it is linked into); empty until an interpreter is found.
+#[inline]
 pub fn interpreter_code() -> &'static [(u64, u64)] {
     if let Some(c) = INTERPRETER_CODE.get() {
         return c;
     }
+    interpreter_code_first()
+}
+
+#[cold]
+fn interpreter_code_first() -> &'static [(u64, u64)] {
     let Some(interp) = INTERP.get() else { return &[] };
     let here = interp.get_tstate as usize as u64;
     INTERPRETER_CODE.get_or_init(|| {
@@ -358,6 +364,10 @@ pub fn capture() -> Option<Keyed> {
             Some(out)
         } else {
             *scratch = std::mem::replace(prev_frames, out.frames);
+            // Empty (else `need`): forgotten rather than dropped, which was a call to the
+            // drop glue of its element type on every Python event.
+            debug_assert!(out.new_codes.is_empty());
+            std::mem::forget(out.new_codes);
             None
         };
         Some(Keyed { key, has_tstate: tstate != 0, full })
