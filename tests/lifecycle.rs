@@ -308,7 +308,6 @@ fn out_of_order(t: &TraceData) -> usize {
         let ok = match t.api(e).op {
             gpumemtrace_format::Op::Alloc => live.insert(e.addr),
             gpumemtrace_format::Op::Free => live.remove(&e.addr),
-            _ => true,
         };
         wrong += usize::from(!ok);
     }
