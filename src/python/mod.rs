@@ -523,10 +523,16 @@ thread_local! {
 /// The calling thread's Python thread state (0: none). Only after `Py_IsInitialized` said yes.
 #[link_section = ".text.hot.gpumemtrace"]
 fn this_thread_state(interp: &Interp) -> u64 {
-    let mut n = LOOKUPS.try_with(|c| c.get()).unwrap_or(0);
-    let tstate = this_thread_state_counted(interp, &mut n);
-    let _ = LOOKUPS.try_with(|c| c.set(n));
-    tstate
+    // One thread-local access (a loader call each); a thread being torn down counts from 0,
+    // which checks its lookup.
+    LOOKUPS
+        .try_with(|c| {
+            let mut n = c.get();
+            let tstate = this_thread_state_counted(interp, &mut n);
+            c.set(n);
+            tstate
+        })
+        .unwrap_or_else(|_| this_thread_state_counted(interp, &mut 0))
 }
 
 /// `this_thread_state` with the thread's count of lookups where the caller keeps it.
