@@ -4,8 +4,8 @@
 # (benches/py_alloc.py, ctypes; the same stack every time, then alternating between two),
 # untraced and under each build; (2) issue 11's launch-bound
 # training loop, traced and paused windows alternated inside each process
-# (perf_blocks.py alternate). Every traced run measures its hooks' self time
-# (GPUMEMTRACE_SELF_TIME=1), read back from the trace with the CLI.
+# (perf_blocks.py alternate). The py_alloc runs measure their hooks' self time
+# (GPUMEMTRACE_SELF_TIME=1), read back from the trace with the CLI; the loop's runs do not.
 #   BIN=dir-with: gpumemtrace libgpumemtrace.so libgpumemtrace-base.so
 #   usage: BIN=.gpubin ROUNDS=5 DEPTH=20 examples/gpu/ab_python.sh
 set -u
@@ -46,12 +46,15 @@ for r in $(seq "$ROUNDS"); do
   done
 done
 
+# The loop's windows are timed as users run the tracer: without self-measurement, which reads the
+# counter up to seven times an event and so adds to what it measures (LOOP_SELF_TIME=1 turns it
+# on, for the parts).
 for r in $(seq "$LOOP_ROUNDS"); do
   for v in base new; do
     pre=$(shim $v)
     rm -f "$SCRATCH"/tr/*
-    line=$(LD_PRELOAD=$pre GPUMEMTRACE_SELF_TIME=1 GPUMEMTRACE_OUTPUT=$SCRATCH/tr/ GPUMEMTRACE_QUIET=1 \
+    line=$(LD_PRELOAD=$pre GPUMEMTRACE_SELF_TIME=${LOOP_SELF_TIME:-0} GPUMEMTRACE_OUTPUT=$SCRATCH/tr/ GPUMEMTRACE_QUIET=1 \
       python3 examples/gpu/perf_blocks.py alternate launch-bound | grep '^alternate')
-    echo "loop round=$r build=$v $line $(selftime)"
+    echo "loop round=$r build=$v self_time=${LOOP_SELF_TIME:-0} $line $([ "${LOOP_SELF_TIME:-0}" = 1 ] && selftime)"
   done
 done
