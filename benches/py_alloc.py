@@ -4,7 +4,9 @@
 Usage: python3 py_alloc.py LIBCUDA PAIRS DEPTH
 BENCH_COLD_KB=N: between pairs, copy N KiB (so the tracer's lines are evicted, as on a busy host).
 BENCH_ALTERNATE=1: every other allocation is made one Python frame deeper, so that no allocation's
-stack is its thread's last one (as in a training step, whose allocations come from many places)."""
+stack is its thread's last one (as in a training step, whose allocations come from many places).
+BENCH_DISTINCT=1: each of the DEPTH frames runs a code object of its own (a training step's stack
+is made of different functions; the plain recursion runs one code object in every frame)."""
 import os
 import ctypes
 import sys
@@ -46,6 +48,16 @@ def loop():
 
 def descend(d):
     return loop() if d <= 0 else descend(d - 1)
+
+
+if os.environ.get("BENCH_DISTINCT") == "1":
+    # level_k calls level_{k-1}; level_0 runs the loop: DEPTH code objects, one a frame.
+    levels = {"loop": loop}
+    for k in range(max(depth, 2) + 1):
+        exec(f"def level_{k}():\n    return {'loop' if k == 0 else f'level_{k - 1}'}()", levels)
+
+    def descend(d):  # noqa: F811 (the distinct-frames variant)
+        return levels[f"level_{max(d, 0)}"]()
 
 
 descend(2)  # warm up (and start the tracer)

@@ -42,8 +42,8 @@ pub(super) unsafe fn walk(interp: &Interp, tstate: u64, out: &mut PyCapture, pre
         && (l.frame_code, l.frame_previous, l.frame_instr, l.frame_owner, l.frame_is_entry, l.code_version)
             == (0, 8, 56, Some(70), None, Some(92));
     match (numbered, l.code_adaptive) {
-        (true, 192) => unsafe { walk_numbered::<192>(interp, tstate, out, prev) },
-        (true, 200) => unsafe { walk_numbered::<200>(interp, tstate, out, prev) },
+        (true, 192) => unsafe { walk_numbered::<192, false>(interp, tstate, out, prev) },
+        (true, 200) => unsafe { walk_numbered::<200, true>(interp, tstate, out, prev) },
         _ => unsafe { walk_any(interp, tstate, out, prev) },
     }
 }
@@ -59,14 +59,26 @@ const CODE_VERSION: u64 = 92;
 
 /// The walk for 3.12 and 3.13 at their usual offsets (constants here, so that the loop keeps
 /// its values in registers): one pass reads each frame (previous, owner, code, instruction) and
-/// its code object's type and number, on the code object's first two lines; the frames go into
-/// room reserved once per thread (the scratch buffer keeps its capacity), without a capacity
-/// check a frame.
+/// its code object's number; the frames go into room reserved once per thread (the scratch
+/// buffer keeps its capacity), without a capacity check a frame.
+///
+/// `CHECK_TYPE`: whether a frame's code object is checked to be one (its type, on the code
+/// object's first line; the number lies on its second). 3.13's frames hold "a code object or
+/// None"; 3.12's hold a code object, always (`PyCodeObject *f_code`, the entry shim's too), so
+/// there the check is skipped: the first line of an outer frame's code object is one the
+/// interpreter has not touched since that frame made its call, a cold line a frame on a busy
+/// host.
 ///
 /// # Safety
-/// As [`walk`], with a layout at the offsets above and bytecode at `ADAPTIVE`.
+/// As [`walk`], with a layout at the offsets above and bytecode at `ADAPTIVE`; without
+/// `CHECK_TYPE`, every frame's code pointer must be a code object (3.12).
 #[link_section = ".text.hot.gpumemtrace"]
-unsafe fn walk_numbered<const ADAPTIVE: u64>(interp: &Interp, tstate: u64, out: &mut PyCapture, prev: &[RawPyFrame]) -> (bool, usize) {
+unsafe fn walk_numbered<const ADAPTIVE: u64, const CHECK_TYPE: bool>(
+    interp: &Interp,
+    tstate: u64,
+    out: &mut PyCapture,
+    prev: &[RawPyFrame],
+) -> (bool, usize) {
     let l = &interp.layout;
     let code_type = interp.code_type;
     let frames = &mut out.frames;
@@ -81,7 +93,8 @@ unsafe fn walk_numbered<const ADAPTIVE: u64>(interp: &Interp, tstate: u64, out: 
     let mut unnumbered = false;
     // SAFETY (the loop): every address read is a field of an object reached from the thread
     // state through pointers checked by `plausible`, at offsets of this version's layout; a
-    // code object's fields are read only once its type is `PyCode_Type`.
+    // code object's fields are read only once its type is `PyCode_Type`, or (3.12, no
+    // `CHECK_TYPE`) where the interpreter holds nothing else there.
     let mut frame = unsafe { current_frame(l, tstate) };
     for _ in 0..4 * MAX_PY_FRAMES {
         if !plausible(frame, 8) {
@@ -102,7 +115,7 @@ unsafe fn walk_numbered<const ADAPTIVE: u64>(interp: &Interp, tstate: u64, out: 
             continue;
         }
         let code: u64 = unsafe { read(frame + FRAME_CODE) };
-        if plausible(code, 8) && unsafe { read::<u64>(code + 8) } == code_type {
+        if plausible(code, 8) && (!CHECK_TYPE || unsafe { read::<u64>(code + 8) } == code_type) {
             let instr = instr_offset(unsafe { read(frame + FRAME_INSTR) }, code + ADAPTIVE);
             let version: u32 = unsafe { read(code + CODE_VERSION) };
             unnumbered |= version == 0;
@@ -120,8 +133,8 @@ unsafe fn walk_numbered<const ADAPTIVE: u64>(interp: &Interp, tstate: u64, out: 
     if unnumbered {
         let at = SigOffsets::of(l);
         for f in frames.iter_mut() {
-            // SAFETY: a code object of a frame of this thread, type-checked above; the frame
-            // keeps it alive while the thread is in our hook.
+            // SAFETY: a code object of a frame of this thread, type-checked above (or a 3.12
+            // frame's); the frame keeps it alive while the thread is in our hook.
             if unsafe { read::<u32>(f.code + CODE_VERSION) } == 0 {
                 f.sig = unsafe { signature(&at, f.code) };
             }
@@ -355,7 +368,8 @@ mod tests {
             // SAFETY: the fake thread state leads to the fake frames, all alive.
             let same = unsafe {
                 if numbered {
-                    walk_numbered::<192>(&interp, tstate, &mut out, prev)
+                    // Type-checked, as 3.13's (this stack has a frame without a code object).
+                    walk_numbered::<192, true>(&interp, tstate, &mut out, prev)
                 } else {
                     walk_any(&interp, tstate, &mut out, prev)
                 }
@@ -379,6 +393,27 @@ mod tests {
         // The code objects described are those the process had not seen.
         let described: Vec<u64> = numbered.new_codes.iter().map(|c| c.code).collect();
         assert_eq!(described, any.new_codes.iter().map(|c| c.code).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_312_walk_reads_the_frames_a_checked_walk_reads() {
+        // 3.12's frames always hold a code object, so its walk does not read their types: on
+        // such frames (an entry shim among them, and a code object numbered 0) it gives what
+        // the type-checked walk gives, and takes its own result as the same stack again.
+        let spec = [(Some(5), 4, 0), (Some(6), 40, 0), (None, 0, 3), (Some(0), 12, 0), (Some(9), 2, 0)];
+        let f = fake(&spec);
+        let interp = interp(&f);
+        let tstate = f.tstate.as_ptr() as u64;
+        let mut checked = PyCapture { frames: Vec::new(), new_codes: Vec::new() };
+        let mut trusted = PyCapture { frames: Vec::new(), new_codes: Vec::new() };
+        // SAFETY (all three): the fake thread state leads to the fake frames, all alive.
+        unsafe { walk_numbered::<192, true>(&interp, tstate, &mut checked, &[]) };
+        assert_eq!(unsafe { walk_numbered::<192, false>(&interp, tstate, &mut trusted, &[]) }, (false, 0));
+        assert_eq!(trusted.frames, checked.frames);
+        assert_eq!(trusted.frames.len(), 4);
+        assert_eq!(trusted.new_codes.len(), checked.new_codes.len());
+        let prev = trusted.frames.clone();
+        assert_eq!(unsafe { walk_numbered::<192, false>(&interp, tstate, &mut trusted, &prev) }, (true, 4));
     }
 
     #[test]
