@@ -8,7 +8,7 @@ allocations) each of those lines is fetched again from a slower cache at every e
 count is what a hook pays there beside its instructions; unlike a timing it is exact and the same
 on any machine. Per function with --by-function.
 
-    python3 benches/footprint.py PROFILE PAIRS [--by-function]
+    python3 benches/footprint.py PROFILE PAIRS [--by-function] [--lib=PATH]
 """
 import collections
 import sys
@@ -17,7 +17,10 @@ import sys
 def main():
     path, pairs = sys.argv[1], int(sys.argv[2])
     by_function = "--by-function" in sys.argv[3:]
-    ours = lambda ob: ob is not None and ("libgpumemtrace" in ob or ob == "???")
+    # The library by its path (--lib=PATH; else any file named libgpumemtrace*): a copy under
+    # another name would otherwise be left out, and the hooks' code outside .text.hot with it.
+    lib = next((a[6:] for a in sys.argv[3:] if a.startswith("--lib=")), None)
+    ours = lambda ob: ob is not None and (ob == "???" or (ob == lib if lib else "libgpumemtrace" in ob))
     counts, owner = collections.Counter(), {}
     ob = fn = None
     skip = False  # the line after `calls=` is the call's inclusive cost, not an instruction's

@@ -21,7 +21,7 @@ for depth in ${DEPTHS:-0 30}; do
         { cat "$T/err"; exit 1; }
     # Thread 1 is main (sorting latencies), 2 the allocating thread, 3 on the tracer's own.
     printf 'depth=%s ' "$depth"
-    python3 benches/footprint.py "$T/cg-02" "$PAIRS" "$@"
+    python3 benches/footprint.py "$T/cg-02" "$PAIRS" --lib="$LIB" "$@"
     rm -f "$T"/cg* "$T"/t*
 done
 # The interpreter itself, not a launcher script (pyenv's shims run several processes).
@@ -32,4 +32,4 @@ LD_PRELOAD="$LIB" GPUMEMTRACE_OUTPUT="$T/t" EMU_TORCH_LIB="$PWD/$EMU/libtorch_cu
     { cat "$T/err"; exit 1; }
 # py_blocks.py makes 2000 warm-up pairs before the PAIRS it times.
 printf 'blocks python=%s ' "$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
-python3 benches/footprint.py "$T/cg-01" $((PAIRS + 2000)) "$@"
+python3 benches/footprint.py "$T/cg-01" $((PAIRS + 2000)) --lib="$LIB" "$@"
