@@ -168,14 +168,15 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
             let PerThread { caches, scratch, memos, next, walked, missed, .. } = &mut **t;
             'again: loop {
                 frames.clear();
-                next.frames.clear();
-                next.reads.clear();
-                next.at_max = false;
-                next.max = max;
-                next.with_stop = !stop.is_empty();
-                next.snap = snap as *const Snapshot as usize;
                 let t = crate::selftime::mark();
-                let want = Want { addr: FrameAddress::InstructionPointer(pc), sp, bp, snap: next.snap, with_stop: next.with_stop, max };
+                let want = Want {
+                    addr: FrameAddress::InstructionPointer(pc),
+                    sp,
+                    bp,
+                    snap: snap as *const Snapshot as usize,
+                    with_stop: !stop.is_empty(),
+                    max,
+                };
                 let pick = memos.pick(&want);
                 crate::selftime::add(crate::selftime::Sub::Memo, t);
                 let (slot, keep_in) = (pick.slot, pick.keep_in);
@@ -189,6 +190,14 @@ pub fn capture(frames: &mut Vec<u64>, max: usize, skip: &[(u64, u64)], stop: &[(
                     flush_counts(walked, missed);
                     return Ok(key);
                 }
+                // The walk being made, set up only now: a walk taken whole (above) never touches
+                // it, so its lines stay out of the common case.
+                next.frames.clear();
+                next.reads.clear();
+                next.at_max = false;
+                next.max = max;
+                next.with_stop = want.with_stop;
+                next.snap = want.snap;
                 let memo = memos.get(slot);
                 let mut memo_ok = memo.snap == next.snap && memo.with_stop == next.with_stop;
                 let in_stack = |a: u64| a >= lo && a <= hi.saturating_sub(8);
