@@ -4,7 +4,7 @@
 # (benches/py_alloc.py, ctypes; the same stack every time, then alternating between two),
 # untraced and under each build; (2) issue 11's launch-bound
 # training loop, traced and paused windows alternated inside each process
-# (perf_blocks.py alternate). The py_alloc runs measure their hooks' self time
+# (perf_blocks.py alternate, through alt_builds.sh). The py_alloc runs measure their hooks' self time
 # (GPUMEMTRACE_SELF_TIME=1), read back from the trace with the CLI; the loop's runs do not.
 #   BIN=dir-with: gpumemtrace libgpumemtrace.so libgpumemtrace-base.so
 #   usage: BIN=.gpubin ROUNDS=5 DEPTH=20 examples/gpu/ab_python.sh
@@ -47,14 +47,7 @@ for r in $(seq "$ROUNDS"); do
 done
 
 # The loop's windows are timed as users run the tracer: without self-measurement, which reads the
-# counter up to seven times an event and so adds to what it measures (LOOP_SELF_TIME=1 turns it
-# on, for the parts).
-for r in $(seq "$LOOP_ROUNDS"); do
-  for v in base new; do
-    pre=$(shim $v)
-    rm -f "$SCRATCH"/tr/*
-    line=$(LD_PRELOAD=$pre GPUMEMTRACE_SELF_TIME=${LOOP_SELF_TIME:-0} GPUMEMTRACE_OUTPUT=$SCRATCH/tr/ GPUMEMTRACE_QUIET=1 \
-      python3 examples/gpu/perf_blocks.py alternate launch-bound | grep '^alternate')
-    echo "loop round=$r build=$v self_time=${LOOP_SELF_TIME:-0} $line $([ "${LOOP_SELF_TIME:-0}" = 1 ] && selftime)"
-  done
-done
+# counter up to seven times an event and so adds to what it measures (LOOP_SELF_TIME=1 adds runs
+# of the new build measuring itself, with their parts).
+BIN=$BIN ROUNDS=$LOOP_ROUNDS SCRATCH=$SCRATCH/alt \
+  VARIANTS="base new$([ "${LOOP_SELF_TIME:-0}" = 1 ] && echo ' new-self')" bash "$(dirname "$0")/alt_builds.sh"

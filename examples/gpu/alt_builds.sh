@@ -5,8 +5,8 @@
 #   base      another build (libgpumemtrace-base.so), as users run it
 #   new-self  this build measuring its own hooks (GPUMEMTRACE_SELF_TIME=1): what self-measurement
 #             itself adds (it reads the time-stamp counter up to seven times an event)
-# Prints each process's median added time (40 pairs of 20-step windows) and, per variant, the
-# median over processes.
+# Prints each process's median added time (40 pairs of 20-step windows; a new-self run also its
+# self-time notice) and, per variant, the median over processes. ab_python.sh runs it for its loop.
 #   BIN=dir-with: gpumemtrace libgpumemtrace.so [libgpumemtrace-base.so]
 #   usage: BIN=.gpubin ROUNDS=3 VARIANTS="new base new-self" examples/gpu/alt_builds.sh
 set -u
@@ -28,6 +28,8 @@ for r in $(seq "$ROUNDS"); do
     line=$(env "${env[@]}" GPUMEMTRACE_OUTPUT="$SCRATCH/tr/" GPUMEMTRACE_QUIET=1 PAIRS=${PAIRS:-40} \
       timeout 120 python3 examples/gpu/perf_blocks.py alternate launch-bound | grep '^alternate')
     echo "variant=$v round=$r $line" | tee -a "$SCRATCH/rows.txt"
+    # A run measuring itself also says what its hooks took, by part.
+    [ "$v" = new-self ] && "$BIN/gpumemtrace" summary "$SCRATCH"/tr/*.trace 2>/dev/null | grep -o 'self time (GPUMEMTRACE_SELF_TIME).*'
   done
 done
 python3 - "$SCRATCH/rows.txt" $VARIANTS <<'PY'
