@@ -253,3 +253,85 @@ fn diff_offers_only_options_it_has() {
     assert!(!o.status.success());
     assert!(!stderr(&o).contains("--pid") && stderr(&o).contains("gpumemtrace-2.trace"), "{}", stderr(&o));
 }
+
+/// What a corrupt or hostile trace may carry and still decode: a time delta that wraps to the
+/// top of the clock, sizes whose sum passes 2^64, time running backwards, a free of what was
+/// never allocated, a phase popped at the last nanosecond. Every report reads it without a
+/// panic (debug builds check every add), and the summary still counts each event.
+#[test]
+fn extreme_times_and_sizes_reach_every_report_without_a_panic() {
+    const HALF: u64 = 1 << 63;
+    let mut t = Trace::new();
+    t.rec(Record::Stack(Stack { id: 1, frames: vec![0x1000] }))
+        .event(MALLOC, 10, 0, 0xa000, HALF, 1)
+        .phase(u64::MAX - 1, PhaseOp::Push, "late")
+        .event(MALLOC, u64::MAX - 3, 0, 0xb000, HALF, 1)
+        .event(MALLOC, 5, 0, 0xc000, u64::MAX, 1)
+        .event(FREE, u64::MAX, 0, 0xa000, 0, 1)
+        .event(FREE, 0, 0, 0xdead, 0, 1)
+        .phase(u64::MAX, PhaseOp::Pop, "")
+        .phase(u64::MAX, PhaseOp::Push, "backwards")
+        .phase(2, PhaseOp::Pop, "")
+        .event(MALLOC_HOST, u64::MAX, -1, u64::MAX, u64::MAX, 1)
+        .event(MALLOC_HOST, u64::MAX, -1, 0x10, u64::MAX, 1);
+    let dir = scratch("extreme");
+    let p = dir.join("extreme.trace");
+    t.write(&p);
+    // Two ranks of a launcher, each starting at the top of the wall clock: a merged summary.
+    let ranks = dir.join("ranks");
+    std::fs::create_dir(&ranks).unwrap();
+    for rank in 0..2 {
+        let mut r = Trace { bytes: header().to_vec(), enc: Encoder::new() };
+        r.rec(Record::Process(Process {
+            pid: 100 + rank,
+            start_realtime_ns: u64::MAX - rank as u64,
+            rank: Some(rank),
+            local_rank: Some(rank),
+            ..Process::default()
+        }));
+        r.rec(Record::Api(Api { id: MALLOC, name: "cudaMalloc".into(), kind: MemKind::Device, op: Op::Alloc }));
+        r.event(MALLOC, u64::MAX, 0, 0xa000, HALF, 0).event(MALLOC, u64::MAX, 0, 0xb000, HALF, 0);
+        r.write(&ranks.join(format!("rank{rank}.trace")));
+    }
+    let ranks = ranks.to_str().unwrap();
+    let o = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+    let runs: Vec<Vec<String>> = [
+        vec!["summary", s(&p)],
+        vec!["summary", "--json", "--temporary-threshold", "1", s(&p)],
+        vec!["summary", "--phase", "late", "--from", "1s", s(&p)],
+        vec!["dump", s(&p)],
+        vec!["timeline", s(&p), "-o", &o("t.svg")],
+        vec!["timeline", s(&p), "-o", &o("t.html")],
+        vec!["report", s(&p), "-o", &o("r.html")],
+        vec!["flamegraph", s(&p), "-o", &o("f.svg")],
+        vec!["flamegraph", "--of", "allocated", "--folded", s(&p), "-o", &o("f.txt")],
+        vec!["tree", s(&p)],
+        vec!["tree", "--json", "--of", "leaks", s(&p)],
+        vec!["export", "--format", "memviz", s(&p), "-o", &o("m.pickle")],
+        vec!["export", "--format", "perfetto", s(&p), "-o", &o("p.json")],
+        vec!["export", "--format", "speedscope", s(&p), "-o", &o("s.json")],
+        vec!["check", "--max-peak", "1", s(&p)],
+        vec!["diff", s(&p), s(&p)],
+        vec!["diff", "--json", s(&p), s(&p)],
+        vec!["phases", s(&p)],
+        vec!["phases", "--json", s(&p)],
+        vec!["summary", ranks],
+        vec!["summary", "--json", ranks],
+        vec!["check", "--max-peak", "1", ranks],
+        vec!["timeline", ranks, "--pid", "100", "-o", &o("r.svg")],
+    ]
+    .iter()
+    .map(|a| a.iter().map(|x| x.to_string()).collect())
+    .collect();
+    let mut panicked = Vec::new();
+    for args in &runs {
+        let out = gmt(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = stderr(&out);
+        if err.contains("panicked") || out.status.code() == Some(101) {
+            panicked.push(format!("{args:?}: {}", err.lines().find(|l| l.contains("panicked")).unwrap_or(&err)));
+        }
+    }
+    assert!(panicked.is_empty(), "{}", panicked.join("\n"));
+    let j = json(&gmt(&["summary", "--json", s(&p)]));
+    assert_eq!(j["traces"][0]["events"], 7, "{j}");
+}

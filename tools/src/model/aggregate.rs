@@ -128,9 +128,9 @@ impl Summaries {
             trace.stack_tid.entry(stack).or_insert(site.tid);
             let g = trace.groups.entry(key).or_default();
             g.allocations += site.allocations;
-            g.allocated_bytes += site.allocated_bytes;
+            g.allocated_bytes = g.allocated_bytes.saturating_add(site.allocated_bytes);
             g.frees += site.frees;
-            g.live_bytes += site.live_bytes;
+            g.live_bytes = g.live_bytes.saturating_add(site.live_bytes);
             g.live_count += site.live_count;
             if site.live_count > 0 && !exit {
                 g.leak_stacks.push(StackUse { stack, bytes: site.live_bytes, count: site.live_count });
@@ -145,7 +145,8 @@ impl Summaries {
                 trace.allocated.entry(key).or_default().push(StackUse { stack, bytes: site.allocated_bytes, count: site.allocations });
             }
             if site.kind.occupies_gpu() {
-                trace.devices.entry(site.device).or_default().live_bytes += site.live_bytes;
+                let d = trace.devices.entry(site.device).or_default();
+                d.live_bytes = d.live_bytes.saturating_add(site.live_bytes);
             }
         }
         for p in s.peaks.iter().filter(|p| wanted(p.device)) {

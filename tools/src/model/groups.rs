@@ -100,7 +100,7 @@ impl Observer for Groups {
                 self.snapshots.change(s.group, key, s.alloc_stack, true, s.size);
                 let g = self.slot(s);
                 g.allocations += 1;
-                g.allocated_bytes += s.size;
+                g.allocated_bytes = g.allocated_bytes.saturating_add(s.size);
                 if s.group_live > g.peak_bytes {
                     g.peak_bytes = s.group_live;
                     g.peak_time_ns = s.time_ns;

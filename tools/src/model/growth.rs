@@ -98,7 +98,7 @@ impl Growth {
         g.ends[w] = t;
         let tr = g.trends.entry(stack).or_default();
         let (before, before_count) = (tr.live, tr.live_count);
-        tr.live = if alloc { before + bytes } else { before.saturating_sub(bytes) };
+        tr.live = if alloc { before.saturating_add(bytes) } else { before.saturating_sub(bytes) };
         tr.live_count = if alloc { before_count + 1 } else { before_count.saturating_sub(1) };
         if tr.w < w {
             // The stack's first event in window `w`: its last window is done, and the windows

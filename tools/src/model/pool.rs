@@ -211,10 +211,10 @@ impl Pools {
         }
         let pool = self.by_device.entry(e.device).or_default();
         for (_, size) in newly {
-            pool.reserved += size;
+            pool.reserved = pool.reserved.saturating_add(size);
             pool.segments += 1;
         }
-        pool.allocated += e.size;
+        pool.allocated = pool.allocated.saturating_add(e.size);
         pool.blocks += 1;
         if !placed {
             pool.blocks_outside += 1;

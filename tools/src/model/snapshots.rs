@@ -42,7 +42,8 @@ impl Tally {
             }
         }
         if alloc {
-            self.bytes += bytes;
+            // Saturating: only a corrupt trace's sizes pass 2^64.
+            self.bytes = self.bytes.saturating_add(bytes);
             self.count += 1;
         } else {
             self.bytes = self.bytes.saturating_sub(bytes);

@@ -95,7 +95,7 @@ impl Observer for Temporary {
                 // the others in between are those made after it.
                 let Some(r) = q.ring.iter_mut().find_map(|slot| slot.take_if(|r| r.addr == s.addr && r.key == s.key)) else { return };
                 let f = self.found.entry((r.key, r.stack)).or_default();
-                f.0 += r.size;
+                f.0 = f.0.saturating_add(r.size);
                 f.1 += 1;
             }
             _ => {}

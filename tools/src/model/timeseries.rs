@@ -75,7 +75,9 @@ impl Series {
             if self.buckets.len() <= i {
                 self.buckets.resize(i + 1, None);
             }
-            self.last = (i, i as u64 * self.bucket_ns, (i as u64 + 1) * self.bucket_ns);
+            // Saturating: a corrupt trace may carry a time in the last bucket below u64::MAX.
+            let from = i as u64 * self.bucket_ns;
+            self.last = (i, from, from.saturating_add(self.bucket_ns));
             i
         };
         let b = self.buckets[i].get_or_insert(Bucket {
@@ -169,11 +171,11 @@ impl Observer for TimeSeries {
                 let g = self.group(s);
                 g.series.get_or_insert_with(Series::default).add(s.time_ns, s.group_live);
                 let u = g.allocated.entry(s.alloc_stack).or_default();
-                u.0 += s.size;
+                u.0 = u.0.saturating_add(s.size);
                 u.1 += 1;
                 let p = g.by_phase_id.entry(phase).or_default();
                 p.allocations += 1;
-                p.bytes += s.size;
+                p.bytes = p.bytes.saturating_add(s.size);
             }
             StepKind::Free => self.group(s).series.get_or_insert_with(Series::default).add(s.time_ns, s.group_live),
             StepKind::FailedAlloc => self.group(s).by_phase_id.entry(phase).or_default().failed += 1,

@@ -205,7 +205,7 @@ fn tally_slots(live: impl Iterator<Item = (u32, u64)>) -> Vec<StackUse> {
     let mut by: HashMap<u32, StackUse> = HashMap::new();
     for (stack, size) in live {
         let u = by.entry(stack).or_insert(StackUse { stack, bytes: 0, count: 0 });
-        u.bytes += size;
+        u.bytes = u.bytes.saturating_add(size);
         u.count += 1;
     }
     let mut v: Vec<StackUse> = by.into_values().collect();

@@ -258,11 +258,15 @@ impl Books {
                 };
                 let key = GroupKey { device, kind };
                 let group = self.live.insert(ns, e.addr, Live { key, size: e.size, stack: e.stack, time_ns: e.time_ns });
+                // Wrapping, as a release build does: live memory of a kind lies at distinct
+                // addresses, so only a corrupt trace's sizes pass 2^64, and its free undoes
+                // the add exactly.
                 let g = self.group(group);
-                g.0 += e.size;
+                g.0 = g.0.wrapping_add(e.size);
                 g.1 += 1;
                 if kind.occupies_gpu() {
-                    *self.device(e.device) += e.size;
+                    let d = self.device(e.device);
+                    *d = d.wrapping_add(e.size);
                 }
                 (StepKind::Alloc, group, e.size, e.stack)
             }
@@ -277,11 +281,11 @@ impl Books {
                 // The freed entry says what was freed: cudaFree also frees managed memory.
                 Some((old, group)) => {
                     let g = self.group(group);
-                    g.0 -= old.size;
+                    g.0 = g.0.wrapping_sub(old.size);
                     g.1 -= 1;
                     if old.key.kind.occupies_gpu() {
                         if let Some(d) = self.devices.iter_mut().find(|d| d.0 == old.key.device) {
-                            d.1 -= old.size;
+                            d.1 = d.1.wrapping_sub(old.size);
                         }
                     }
                     (StepKind::Free, group, old.size, old.stack)

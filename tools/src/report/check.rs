@@ -113,11 +113,11 @@ pub fn check(path: &str, trace: &Trace, b: &Budgets) -> Result<TraceCheck, Error
         }
     }
     if let Some(limit) = b.max_leaked {
-        let (mut bytes, mut count) = (0, 0);
+        let (mut bytes, mut count) = (0u64, 0);
         let mut kinds = Vec::new();
         for (k, g) in &trace.groups {
             if wanted(k.device) && is_memory(k.kind) && g.live_bytes > 0 {
-                bytes += g.live_bytes;
+                bytes = bytes.saturating_add(g.live_bytes);
                 count += g.live_count;
                 let what = if k.device < 0 {
                     crate::units::group_label(k.device, k.kind)

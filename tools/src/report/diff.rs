@@ -93,7 +93,7 @@ fn per_site(trace: &Trace, sym: &mut Symbolizer, pick: impl Fn(&GroupKey) -> Vec
         for s in sites(&pick(key), trace, &mut sym) {
             let name = if s.frames.is_empty() { "(no stack)".to_string() } else { s.site.describe() };
             let e = out.entry((*key, name)).or_default();
-            e.0 += s.bytes;
+            e.0 = e.0.saturating_add(s.bytes);
             e.1 += s.count;
         }
     }

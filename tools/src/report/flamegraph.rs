@@ -147,9 +147,20 @@ pub fn folded(stacks: &[Weighted]) -> Vec<String> {
             line.push(';');
             line.push_str(&frame_name(f));
         }
-        *merged.entry(line).or_default() += w.bytes;
+        let b = merged.entry(line).or_default();
+        *b = b.saturating_add(w.bytes);
     }
-    merged.into_iter().map(|(l, b)| format!("{l} {b}")).collect()
+    // inferno adds the lines up unchecked: a corrupt trace's sizes, whose sum passes 2^64,
+    // are cut to what keeps the total below it.
+    let mut room = u64::MAX;
+    merged
+        .into_iter()
+        .map(|(l, b)| {
+            let b = b.min(room);
+            room -= b;
+            format!("{l} {b}")
+        })
+        .collect()
 }
 
 /// The picture's title and subtitle. The subtitle's total is the sum of the stacks' bytes (the
@@ -158,10 +169,12 @@ pub fn folded(stacks: &[Weighted]) -> Vec<String> {
 pub fn titles(stacks: &[Weighted], memory: &str, what: &str, exe: &str, phase: Option<&str>) -> (String, String) {
     let mut by_place: std::collections::BTreeMap<(bool, i32), u64> = Default::default();
     for w in stacks {
-        *by_place.entry((w.key.device < 0, w.key.device)).or_default() += w.bytes;
+        let b = by_place.entry((w.key.device < 0, w.key.device)).or_default();
+        *b = b.saturating_add(w.bytes);
     }
-    let total: u64 = by_place.values().sum();
-    let host: u64 = by_place.iter().filter(|((h, _), _)| *h).map(|(_, b)| b).sum();
+    // Saturating sums: only a corrupt trace's sizes pass 2^64.
+    let total = by_place.values().fold(0, |a: u64, &b| a.saturating_add(b));
+    let host = by_place.iter().filter(|((h, _), _)| *h).fold(0, |a: u64, (_, &b)| a.saturating_add(b));
     let mut title = if host > 0 && host == total {
         format!("Host memory {what}: {exe}")
     } else {

@@ -122,7 +122,7 @@ impl<'a> Source<'a> {
     }
 
     fn next_time(&self) -> Option<u64> {
-        self.next.map(|e| self.start_realtime_ns + e.time_ns)
+        self.next.map(|e| self.start_realtime_ns.saturating_add(e.time_ns))
     }
 
     /// Applies the pending event; returns the device whose GPU memory changed.
@@ -169,7 +169,7 @@ pub fn merge(inputs: &[Input]) -> Merged {
             // no exit time in the trace, its last event is the best moment there is.
             for (device, bytes) in std::mem::take(&mut sources[i].1.gpu.live) {
                 if let Some(c) = combined.get_mut(&device) {
-                    c.live_bytes_at_end += bytes;
+                    c.live_bytes_at_end = c.live_bytes_at_end.saturating_add(bytes);
                 }
             }
         }

@@ -69,7 +69,7 @@ pub fn sites_by(uses: &[StackUse], trace: &Trace, sym: &mut TraceSymbolizer, fra
             out.push(Site { bytes: 0, count: 0, site, frames, site_index, thread, op, during_backward });
             out.len() - 1
         });
-        out[i].bytes += u.bytes;
+        out[i].bytes = out[i].bytes.saturating_add(u.bytes);
         out[i].count += u.count;
     }
     // Stable: ties keep the order of their biggest stack.

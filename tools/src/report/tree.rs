@@ -116,7 +116,7 @@ pub fn tree(
             });
             roots.len() - 1
         });
-        roots[i].bytes += w.bytes;
+        roots[i].bytes = roots[i].bytes.saturating_add(w.bytes);
         roots[i].count += w.count;
         tries[i].add(w);
     }
@@ -159,7 +159,7 @@ impl Trie {
                 }
             };
             let c = &mut at.children[i];
-            c.2 += w.bytes;
+            c.2 = c.2.saturating_add(w.bytes);
             c.3 += w.count;
             at = &mut c.4;
         }
@@ -172,7 +172,7 @@ impl Trie {
         for (name, frame, bytes, n, below) in self.children {
             if (bytes as f64) < floor {
                 pruned.0 += 1;
-                pruned.1 += bytes;
+                pruned.1 = pruned.1.saturating_add(bytes);
                 pruned.2 += n;
                 continue;
             }

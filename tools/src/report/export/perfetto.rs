@@ -168,7 +168,7 @@ pub fn write(
     }
     for p in &trace.spans {
         let e = json!({
-            "name": p.name, "ph": "X", "ts": us(p.start_ns), "dur": us(p.end_ns - p.start_ns),
+            "name": p.name, "ph": "X", "ts": us(p.start_ns), "dur": us(p.end_ns.saturating_sub(p.start_ns)),
             "pid": pid, "tid": p.tid, "cat": if p.mark { "mark" } else { "phase" },
             "args": { "spans": p.count }
         });

@@ -207,7 +207,7 @@ pub fn render(trace: &Trace, device: Option<i32>, reserved: &BTreeMap<i32, Serie
         let res_peak = res_cols.iter().map(|c| c.max).max().unwrap_or(0);
         let ymax_data = cols.iter().map(|c| c.max).max().unwrap_or(0).max(g.peak_bytes).max(res_peak).max(1);
         let step = byte_step(ymax_data);
-        let ymax = ymax_data.div_ceil(step).max(1) * step;
+        let ymax = ymax_data.div_ceil(step).max(1).saturating_mul(step);
         let y_of = |v: u64| PANEL_H - v as f64 / ymax as f64 * PANEL_H;
         let ptop = top + i as f64 * (PANEL_H + GAP);
         let title = crate::units::group_label(key.device, key.kind).replacen(", ", " · ", 1);
@@ -240,7 +240,9 @@ pub fn render(trace: &Trace, device: Option<i32>, reserved: &BTreeMap<i32, Serie
                 y + 4.0,
                 size(v)
             );
-            v += step;
+            // At the top of the range the next tick is past u64::MAX (a corrupt trace's sizes).
+            let Some(next) = v.checked_add(step) else { break };
+            v = next;
         }
         // The plot proper: a nested SVG that the HTML page zooms by its viewBox.
         let _ = writeln!(
