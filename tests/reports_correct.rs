@@ -273,7 +273,17 @@ fn extreme_times_and_sizes_reach_every_report_without_a_panic() {
         .phase(u64::MAX, PhaseOp::Push, "backwards")
         .phase(2, PhaseOp::Pop, "")
         .event(MALLOC_HOST, u64::MAX, -1, u64::MAX, u64::MAX, 1)
-        .event(MALLOC_HOST, u64::MAX, -1, 0x10, u64::MAX, 1);
+        .event(MALLOC_HOST, u64::MAX, -1, 0x10, u64::MAX, 1)
+        // A caching allocator's blocks in a segment that ends past the top of the address space.
+        .rec(Record::Api(Api { id: 8, name: "block alloc".into(), kind: MemKind::Block, op: Op::Alloc }))
+        .rec(Record::Api(Api { id: 9, name: "block free".into(), kind: MemKind::Block, op: Op::Free }))
+        .event(MALLOC, 7, 1, u64::MAX - 100, 1000, 1)
+        .event(8, 8, 1, u64::MAX - 50, u64::MAX, 1)
+        .event(8, 9, 1, u64::MAX, HALF, 1)
+        .event(9, 10, 1, u64::MAX - 50, 0, 1)
+        // Device numbers no machine has.
+        .event(MALLOC, 11, 2_000_000_000, 0x1000, 4096, 1)
+        .event(MALLOC, 12, -7, 0x2000, 4096, 1);
     let dir = scratch("extreme");
     let p = dir.join("extreme.trace");
     t.write(&p);
@@ -294,6 +304,8 @@ fn extreme_times_and_sizes_reach_every_report_without_a_panic() {
         r.write(&ranks.join(format!("rank{rank}.trace")));
     }
     let ranks = ranks.to_str().unwrap();
+    let plain = dir.join("plain.trace");
+    sample().write(&plain);
     let o = |name: &str| dir.join(name).to_str().unwrap().to_owned();
     let runs: Vec<Vec<String>> = [
         vec!["summary", s(&p)],
@@ -313,6 +325,10 @@ fn extreme_times_and_sizes_reach_every_report_without_a_panic() {
         vec!["check", "--max-peak", "1", s(&p)],
         vec!["diff", s(&p), s(&p)],
         vec!["diff", "--json", s(&p), s(&p)],
+        vec!["diff", "--json", s(&p), s(&plain)],
+        vec!["diff", s(&plain), s(&p)],
+        vec!["flamegraph", "--level", "blocks", s(&p), "-o", &o("fb.svg")],
+        vec!["export", "--format", "memviz", "--level", "blocks", s(&p), "-o", &o("mb.pickle")],
         vec!["phases", s(&p)],
         vec!["phases", "--json", s(&p)],
         vec!["summary", ranks],
@@ -333,5 +349,5 @@ fn extreme_times_and_sizes_reach_every_report_without_a_panic() {
     }
     assert!(panicked.is_empty(), "{}", panicked.join("\n"));
     let j = json(&gmt(&["summary", "--json", s(&p)]));
-    assert_eq!(j["traces"][0]["events"], 7, "{j}");
+    assert_eq!(j["traces"][0]["events"], 13, "{j}");
 }

@@ -207,7 +207,7 @@ impl Pools {
                     d.push((r.device, r.stack, false, r.end - a));
                 }
             }
-            cursor = r.end.max(a + 1);
+            cursor = r.end.max(a.saturating_add(1));
         }
         let pool = self.by_device.entry(e.device).or_default();
         for (_, size) in newly {

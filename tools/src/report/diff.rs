@@ -23,7 +23,9 @@ pub struct Change {
 
 impl Change {
     fn new(a: u64, b: u64) -> Change {
-        Change { a, b, delta: b as i64 - a as i64 }
+        // Through i128: a corrupt trace's sizes may differ by more than i64 holds.
+        let delta = (i128::from(b) - i128::from(a)).clamp(i64::MIN.into(), i64::MAX.into()) as i64;
+        Change { a, b, delta }
     }
 }
 

@@ -120,7 +120,7 @@ impl Blocks {
             let expandable = r.kind == MemKind::VmmMapped;
             let reservation = self.reservation(r.addr);
             if let Some((prev, res)) = out.last_mut() {
-                let contiguous = prev.address + prev.total_size == r.addr;
+                let contiguous = prev.address.saturating_add(prev.total_size) == r.addr;
                 if expandable && prev.is_expandable && contiguous && *res == reservation && prev.device == r.device && prev.stream == r.stream {
                     prev.total_size += r.end - r.addr;
                     continue;
@@ -131,6 +131,7 @@ impl Blocks {
         out.into_iter().map(|(s, _)| s).collect()
     }
 
+    // Ends saturate: a corrupt trace may place memory up to the top of the address space.
     pub(super) fn finish(self) -> (Vec<Segment>, Traces) {
         let mut segments = self.runs();
         let mut own = Vec::new();
@@ -138,12 +139,12 @@ impl Blocks {
             // The last segment starting at or before the block, if the block fits in it.
             let i = segments.partition_point(|s| s.address <= addr);
             let seg = i.checked_sub(1).map(|i| &mut segments[i]).filter(|s| {
-                let cursor = s.blocks.last().map_or(s.address, |b| b.address + b.size);
-                addr >= cursor && addr + l.size <= s.address + s.total_size && s.device == l.device
+                let cursor = s.blocks.last().map_or(s.address, |b| b.address.saturating_add(b.size));
+                addr >= cursor && addr.saturating_add(l.size) <= s.address.saturating_add(s.total_size) && s.device == l.device
             });
             match seg {
                 Some(s) if !l.own_segment => {
-                    let cursor = s.blocks.last().map_or(s.address, |b| b.address + b.size);
+                    let cursor = s.blocks.last().map_or(s.address, |b| b.address.saturating_add(b.size));
                     if addr > cursor {
                         s.blocks.push(Block { address: cursor, size: addr - cursor, state: "inactive", stack: 0 });
                     }
@@ -152,7 +153,7 @@ impl Blocks {
                 // A block outside every live segment (or overlapping another: a missed
                 // free) stands alone, so that segments still tile.
                 _ => {
-                    let range = Range { addr, end: addr + l.size, device: l.device, kind: MemKind::Device, stack: l.stack, stream: l.stream };
+                    let range = Range { addr, end: addr.saturating_add(l.size), device: l.device, kind: MemKind::Device, stack: l.stack, stream: l.stream };
                     let mut s = segment(&range, false);
                     s.blocks.push(Block { address: addr, size: l.size, state: "active_allocated", stack: l.stack });
                     own.push(s);
@@ -160,8 +161,8 @@ impl Blocks {
             }
         }
         for s in &mut segments {
-            let cursor = s.blocks.last().map_or(s.address, |b| b.address + b.size);
-            let end = s.address + s.total_size;
+            let cursor = s.blocks.last().map_or(s.address, |b| b.address.saturating_add(b.size));
+            let end = s.address.saturating_add(s.total_size);
             if cursor < end {
                 s.blocks.push(Block { address: cursor, size: end - cursor, state: "inactive", stack: 0 });
             }

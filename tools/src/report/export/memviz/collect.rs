@@ -7,6 +7,9 @@ use super::{blocks, driver};
 use crate::model::{Observer, Step, Trace};
 use crate::symbolize::{Frame, TraceSymbolizer};
 
+/// More devices than any machine has (NVLink domains reach 72 GPUs; a process sees its node's).
+const MAX_DEVICES: i32 = 4096;
+
 /// Collects the trace entries while the model replays: an observer of the loader's replay.
 pub struct Collector {
     device: Option<i32>,
@@ -35,7 +38,14 @@ impl Collector {
         segments.extend(seg);
         traces.0.extend(tr.0.into_iter().filter(|(d, _)| with_blocks.contains(d)));
 
-        let wanted = |d: i32| d >= 0 && self.device.is_none_or(|w| w == d);
+        // memory_viz lists devices by index, 0 to the highest: an index no machine has (a
+        // corrupt trace's) is left out rather than given a billion empty lists.
+        let plausible = |d: i32| d < MAX_DEVICES;
+        let implausible: Vec<i32> = traces.0.keys().chain(segments.iter().map(|s| &s.device)).copied().filter(|&d| !plausible(d)).collect();
+        if let Some(d) = implausible.first() {
+            eprintln!("warning: device {d} is not a device index a machine can have; left out of the snapshot");
+        }
+        let wanted = |d: i32| d >= 0 && plausible(d) && self.device.is_none_or(|w| w == d);
         segments.retain(|s| wanted(s.device));
         segments.sort_by_key(|s| (s.device, s.address));
         traces.0.retain(|d, _| wanted(*d));
