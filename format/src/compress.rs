@@ -38,29 +38,36 @@ impl Compressor {
 /// The reader's side: a trace body, plain or compressed.
 pub(crate) enum Body<R: Read> {
     Plain(R),
-    /// With the count of compressed bytes the decoder has read.
-    Zstd(Box<zstd::stream::read::Decoder<'static, io::BufReader<Counted<R>>>>, Rc<Cell<u64>>),
+    /// With what the decoder has read through `Counted`.
+    Zstd(Box<zstd::stream::read::Decoder<'static, io::BufReader<Counted<R>>>>, Rc<Read_>),
+}
+
+/// What was read from the file under a decoder: how many bytes, and whether reading failed.
+#[derive(Default)]
+pub(crate) struct Read_ {
+    count: Cell<u64>,
+    failed: Cell<bool>,
 }
 
 /// A reader that counts what was read through it.
 pub(crate) struct Counted<R> {
     inner: R,
-    count: Rc<Cell<u64>>,
+    read: Rc<Read_>,
 }
 
 impl<R: Read> Read for Counted<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.count.set(self.count.get() + n as u64);
+        let n = self.inner.read(buf).inspect_err(|_| self.read.failed.set(true))?;
+        self.read.count.set(self.read.count.get() + n as u64);
         Ok(n)
     }
 }
 
 impl<R: Read> Body<R> {
     pub(crate) fn zstd(inner: R) -> io::Result<Body<R>> {
-        let count = Rc::new(Cell::new(0));
-        let counted = Counted { inner, count: count.clone() };
-        Ok(Body::Zstd(Box::new(zstd::stream::read::Decoder::new(counted)?), count))
+        let read = Rc::new(Read_::default());
+        let counted = Counted { inner, read: read.clone() };
+        Ok(Body::Zstd(Box::new(zstd::stream::read::Decoder::new(counted)?), read))
     }
 
     /// For a compressed body, the body bytes read from the file so far (records have no byte
@@ -68,7 +75,7 @@ impl<R: Read> Body<R> {
     pub(crate) fn consumed(&self) -> Option<u64> {
         match self {
             Body::Plain(_) => None,
-            Body::Zstd(_, count) => Some(count.get()),
+            Body::Zstd(_, read) => Some(read.count.get()),
         }
     }
 }
@@ -77,11 +84,14 @@ impl<R: Read> Read for Body<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Body::Plain(r) => r.read(buf),
-            Body::Zstd(d, _) => match d.read(buf) {
+            Body::Zstd(d, read) => match d.read(buf) {
                 // The writer never ends its frame (it only flushes), and a killed process stops
                 // anywhere: the end of the input inside a frame is the end of the trace. A cut
                 // inside a record is still told apart by the record layer.
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(0),
+                // Not the file failing but the decoder refusing its bytes: corrupt data, which
+                // the record layer reports with the offset (the records before it stand).
+                Err(e) if !read.failed.get() => Err(io::Error::new(io::ErrorKind::InvalidData, format!("compressed body: {e}"))),
                 r => r,
             },
         }

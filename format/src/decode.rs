@@ -112,7 +112,7 @@ impl<R: Read> Reader<R> {
         let start = self.offset;
         // Tag and length (a varint of at most 10 bytes), parsed from the buffer.
         if let Err(e) = self.fill(11) {
-            return Err(self.fail(ReadError::Io(e)));
+            return Err(self.fail(read_error(e, start)));
         }
         let avail = &self.buf[self.pos..self.end];
         if avail.is_empty() {
@@ -143,7 +143,7 @@ impl<R: Read> Reader<R> {
         }
         let total = header + len as usize;
         if let Err(e) = self.fill(total) {
-            return Err(self.fail(ReadError::Io(e)));
+            return Err(self.fail(read_error(e, start)));
         }
         if self.end - self.pos < total {
             return Err(self.fail(ReadError::Truncated { offset: start }));
@@ -199,6 +199,16 @@ impl<R: Read> Reader<R> {
             ReadError::Corrupt { offset, what } => ReadError::Corrupt { offset: self.in_file(offset), what },
             e => e,
         }
+    }
+}
+
+/// A body that could not be read at `offset`: corrupt where the body's decoder refused its bytes
+/// (`compress::Body`), else the file's own error.
+fn read_error(e: io::Error, offset: u64) -> ReadError {
+    if e.kind() == io::ErrorKind::InvalidData {
+        ReadError::Corrupt { offset, what: e.to_string() }
+    } else {
+        ReadError::Io(e)
     }
 }
 

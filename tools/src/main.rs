@@ -1,25 +1,6 @@
 //! `gpumemtrace`: summarizes traces written by the libgpumemtrace.so preload library, and
-//! runs programs under it.
+//! runs programs under it (the commands are in the library, `lib.rs`).
 
-mod cli;
-mod error;
-mod model;
-mod read;
-mod report;
-mod symbolize;
-mod units;
-
-use std::process::ExitCode;
-
-use clap::Parser;
-
-fn main() -> ExitCode {
-    let cli = cli::args::Cli::parse();
-    match cli::dispatch::run(cli.command) {
-        Ok(status) => ExitCode::from(status),
-        Err(e) => ExitCode::from(e.report()),
-    }
+fn main() -> std::process::ExitCode {
+    gpumemtrace_cli::main()
 }
-
-// The rules of docs/architecture.md (layers, no cycle, file sizes) are checked by
-// tests/architecture.rs at the workspace root.

@@ -3,6 +3,12 @@
 use std::borrow::Cow;
 use std::io::{self, Write};
 
+/// The sum of byte counts, saturating: only a corrupt trace's sizes pass 2^64, and a report of
+/// one must still come out (debug builds check every add).
+pub fn total(bytes: impl IntoIterator<Item = u64>) -> u64 {
+    bytes.into_iter().fold(0, u64::saturating_add)
+}
+
 /// `512 B`, `1.5 KiB`, `210.0 MiB`, `2.0 GiB`: binary units, one decimal.
 pub fn size(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];

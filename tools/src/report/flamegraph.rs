@@ -172,9 +172,8 @@ pub fn titles(stacks: &[Weighted], memory: &str, what: &str, exe: &str, phase: O
         let b = by_place.entry((w.key.device < 0, w.key.device)).or_default();
         *b = b.saturating_add(w.bytes);
     }
-    // Saturating sums: only a corrupt trace's sizes pass 2^64.
-    let total = by_place.values().fold(0, |a: u64, &b| a.saturating_add(b));
-    let host = by_place.iter().filter(|((h, _), _)| *h).fold(0, |a: u64, (_, &b)| a.saturating_add(b));
+    let total = crate::units::total(by_place.values().copied());
+    let host = crate::units::total(by_place.iter().filter(|((h, _), _)| *h).map(|(_, &b)| b));
     let mut title = if host > 0 && host == total {
         format!("Host memory {what}: {exe}")
     } else {

@@ -146,7 +146,7 @@ pub fn merge(inputs: &[Input]) -> Merged {
     {
         let t = sources[i].1.next_time().unwrap_or(0);
         if let Some(device) = sources[i].1.apply() {
-            let total: u64 = sources.iter().map(|(_, s)| s.gpu.live.get(&device).copied().unwrap_or(0)).sum();
+            let total = crate::units::total(sources.iter().map(|(_, s)| s.gpu.live.get(&device).copied().unwrap_or(0)));
             let c = combined.entry(device).or_insert(CombinedDevice {
                 device,
                 peak_bytes: 0,

@@ -90,7 +90,7 @@ pub fn build(trace: &Trace, sym: &mut TraceSymbolizer, wanted: impl Fn(i32) -> b
             cached_bytes: n.reserved.saturating_sub(n.allocated),
             blocks_outside_segments: p.blocks_outside,
             reported: p.reported,
-            direct_bytes: direct.iter().map(|u| u.bytes).sum(),
+            direct_bytes: crate::units::total(direct.iter().map(|u| u.bytes)),
             direct_count: direct.iter().map(|u| u.count).sum(),
             more_direct_sites: cut(&mut direct_sites, top),
             direct_sites,

@@ -39,7 +39,7 @@ pub fn render(stacks: &[Weighted], of: Of, name: &str) -> Value {
     let profiles: Vec<Value> = profiles
         .into_iter()
         .map(|(n, samples, weights)| {
-            let total: u64 = weights.iter().sum();
+            let total = crate::units::total(weights.iter().copied());
             json!({
                 "type": "sampled", "name": n, "unit": "bytes",
                 "startValue": 0, "endValue": total,

@@ -118,7 +118,7 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
             LiveGroupReport {
                 device: key.device,
                 kind: key.kind.name(),
-                live_bytes: uses.iter().map(|u| u.bytes).sum(),
+                live_bytes: crate::units::total(uses.iter().map(|u| u.bytes)),
                 live_count: uses.iter().map(|u| u.count).sum(),
                 more_sites: cut(&mut sites, top),
                 sites,

@@ -17,4 +17,4 @@ pub use report::Options;
 pub use build::build;
 pub use render::render;
 pub use report::TraceReport;
-pub use run::run;
+pub use run::{run, summarize};

@@ -27,10 +27,7 @@ pub(super) struct Json<'a> {
 /// Summarizes `paths` (trace files) to `out`. Unreadable files are reported on stderr and
 /// skipped; returns false when there was one.
 pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result<bool> {
-    let mut sym = Symbolizer::new();
-    let mut reports = Vec::new();
     let mut all_read = true;
-    let filter = crate::model::Filter { device: None, phase: opts.phase.clone(), ..opts.filter.clone() };
     // Each input is opened once: a pipe (`-`, /dev/stdin) is read into memory then, and both
     // the per-trace replay and the merged one read it from there.
     let mut inputs = Vec::new();
@@ -43,19 +40,28 @@ pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result
             }
         }
     }
-    for input in &inputs {
+    Ok(summarize(&inputs, paths.len() > 1, opts, &mut Symbolizer::new(), out)? && all_read)
+}
+
+/// The summary of inputs already opened (`merge`: and of their processes together); returns
+/// false when one could not be read.
+pub fn summarize(inputs: &[Input], merge: bool, opts: &Options, sym: &mut Symbolizer, out: &mut dyn Write) -> io::Result<bool> {
+    let mut reports = Vec::new();
+    let mut all_read = true;
+    let filter = crate::model::Filter { device: None, phase: opts.phase.clone(), ..opts.filter.clone() };
+    for input in inputs {
         let mut temporary = crate::model::temporary::Temporary::new(opts.temporary_threshold);
         match crate::model::load_input(input, &filter, &mut temporary) {
             Ok(trace) => {
                 warn_outcome(input.path(), &trace.outcome);
-                let mut r = build(input.path(), &trace, &mut sym, opts);
+                let mut r = build(input.path(), &trace, sym, opts);
                 let top = if opts.json { opts.top } else { Some(opts.top.unwrap_or(DEFAULT_TOP)) };
                 let wanted = |d: i32| opts.device.is_none_or(|w| w == d);
                 r.temporary = super::temporary::build(
                     &trace,
                     temporary.finish(),
                     opts.temporary_threshold,
-                    &mut sym,
+                    sym,
                     (&wanted, top, opts.frames),
                 );
                 reports.push(r);
@@ -66,7 +72,7 @@ pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result
             }
         }
     }
-    let merged = (paths.len() > 1).then(|| crate::report::merged::merge(&inputs));
+    let merged = merge.then(|| crate::report::merged::merge(inputs));
     if opts.json {
         serde_json::to_writer_pretty(&mut *out, &Json { traces: &reports, merged })?;
         writeln!(out)?;

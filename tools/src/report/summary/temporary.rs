@@ -53,7 +53,7 @@ pub fn build(
     }
     sites.sort_by(|a, b| b.site.count.cmp(&a.site.count).then(b.site.bytes.cmp(&a.site.bytes)));
     let allocations = sites.iter().map(|s| s.site.count).sum();
-    let bytes = sites.iter().map(|s| s.site.bytes).sum();
+    let bytes = crate::units::total(sites.iter().map(|s| s.site.bytes));
     let more_sites = cut(&mut sites, top);
     Some(TemporaryReport { threshold, allocations, bytes, sites, more_sites })
 }

@@ -58,7 +58,7 @@ impl Segment {
     /// Bytes of its live blocks (PyTorch's `allocated_size`, `active_size`, `requested_size`:
     /// we know blocks as the allocator rounded them, not what was asked for).
     pub fn active_size(&self) -> u64 {
-        self.blocks.iter().filter(|b| b.state == "active_allocated").map(|b| b.size).sum()
+        crate::units::total(self.blocks.iter().filter(|b| b.state == "active_allocated").map(|b| b.size))
     }
 }
 
