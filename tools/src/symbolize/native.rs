@@ -80,13 +80,17 @@ pub struct Symbolizer {
     offline: bool,
 }
 
+/// Set by [`Symbolizer::all_offline`].
+static ALL_OFFLINE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 impl Symbolizer {
     pub fn new() -> Symbolizer {
-        Symbolizer::default()
+        Symbolizer { offline: ALL_OFFLINE.load(std::sync::atomic::Ordering::Relaxed), ..Symbolizer::default() }
     }
 
-    pub fn offline() -> Symbolizer {
-        Symbolizer { offline: true, ..Symbolizer::default() }
+    /// From now on no symbolizer of this process reads object files (the fuzz target's).
+    pub fn all_offline() {
+        ALL_OFFLINE.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// A symbolizer for one trace's module map.
