@@ -72,6 +72,9 @@ fn load(path: &Path, f: &Filter, observe: &mut (dyn Observer + Send)) -> Result<
     let t = crate::model::load(path, f, observe)?;
     let p = input::display(path);
     warn_outcome(path, &t.outcome);
+    if let Some(w) = t.implausible() {
+        eprintln!("warning: {p}: {w}");
+    }
     if let Some(ph) = &f.phase {
         if !t.has_phase(ph) {
             eprintln!("warning: {p}: no phase named {ph:?} in this trace");

@@ -475,3 +475,17 @@ fn records_besides_events_are_kept() {
     assert_eq!(t.stats.unwrap().dropped, 3);
     assert_eq!(t.apis[&MALLOC].name, "cudaMalloc");
 }
+
+#[test]
+fn values_no_process_has_are_called_implausible_and_real_ones_are_not() {
+    let plausible = |b: &mut TraceBuilder| b.ok(MALLOC, 10, 0x1000, 80 << 30, 1).call(MALLOC, 20, 3, 0x2000, 1 << 20, 1, 0).ok(FREE, 30, 0x1000, 0, 1).load();
+    assert_eq!(plausible(&mut TraceBuilder::new()).implausible(), None);
+    // A failed request may ask for anything: not a finding about the trace.
+    assert_eq!(TraceBuilder::new().ok(MALLOC, 10, 0x1000, 1 << 30, 1).call(MALLOC, 11, 0, 0, u64::MAX, 1, 2).load().implausible(), None);
+    let bytes = TraceBuilder::new().ok(MALLOC, 10, 0x1000, 1 << 57, 1).load().implausible().unwrap();
+    assert!(bytes.contains("more than any address space") && bytes.contains("likely corrupt"), "{bytes}");
+    let late = TraceBuilder::new().ok(MALLOC, 1 << 62, 0x1000, 4096, 1).load().implausible().unwrap();
+    assert!(late.contains("after the clock's zero"), "{late}");
+    let device = TraceBuilder::new().call(MALLOC, 10, 70_000, 0x1000, 4096, 1, 0).load().implausible().unwrap();
+    assert!(device.contains("device number 70000"), "{device}");
+}

@@ -166,10 +166,36 @@ pub struct Trace {
 /// First stack key of a (native, Python) pair; native stack ids stay below it.
 pub const PY_KEY: u32 = 0x8000_0000;
 
+/// More bytes than any machine's address space holds (2^57: x86-64 with 5-level paging).
+const IMPOSSIBLE_BYTES: u64 = 1 << 57;
+/// Later than any process runs: 2^62 ns after its clock's zero, some 146 years.
+const IMPOSSIBLE_NS: u64 = 1 << 62;
+/// More devices than any machine has.
+const IMPOSSIBLE_DEVICE: i32 = 4096;
+
 impl Trace {
     /// Whether the trace has a phase of this name (with allocations in it or not).
     pub fn has_phase(&self, name: &str) -> bool {
         self.phase_names.iter().any(|n| n == name)
+    }
+
+    /// What in the trace no process can have done (successful allocations past any address
+    /// space, times past any run, device numbers past any machine), if anything. The format
+    /// carries no checksum, so a corrupt byte that still decodes shows only in such values; a
+    /// report of them must say so rather than print them as findings.
+    pub fn implausible(&self) -> Option<String> {
+        let what = if let Some((k, g)) = self.groups.iter().find(|(_, g)| g.allocated_bytes.max(g.peak_bytes) >= IMPOSSIBLE_BYTES) {
+            let label = crate::units::group_label(k.device, k.kind);
+            format!("{label}: {} allocated, more than any address space", crate::units::size(g.allocated_bytes.max(g.peak_bytes)))
+        } else if self.end_ns >= IMPOSSIBLE_NS {
+            format!("an event {} after the clock's zero", crate::units::seconds(self.end_ns))
+        } else {
+            let device = self.groups.keys().map(|k| k.device).find(|&d| !(-1..IMPOSSIBLE_DEVICE).contains(&d))?;
+            format!("device number {device}")
+        };
+        Some(format!(
+            "{what}: no process does this; the trace is likely corrupt (it carries no checksum: corrupt bytes that still decode show only so), and its figures are not to be trusted"
+        ))
     }
 
     /// The key an event's allocation is recorded under: its native stack id, or the id of the

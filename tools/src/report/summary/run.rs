@@ -54,6 +54,9 @@ pub fn summarize(inputs: &[Input], merge: bool, opts: &Options, sym: &mut Symbol
         match crate::model::load_input(input, &filter, &mut temporary) {
             Ok(trace) => {
                 warn_outcome(input.path(), &trace.outcome);
+                if let Some(w) = trace.implausible() {
+                    eprintln!("warning: {}: {w}", input::display(input.path()));
+                }
                 let mut r = build(input.path(), &trace, sym, opts);
                 let top = if opts.json { opts.top } else { Some(opts.top.unwrap_or(DEFAULT_TOP)) };
                 let wanted = |d: i32| opts.device.is_none_or(|w| w == d);
