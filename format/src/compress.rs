@@ -44,12 +44,12 @@ impl Compressor {
 pub(crate) enum Body<R: Read> {
     Plain(R),
     /// With what the decoder has read through `Counted`.
-    Zstd(Box<zstd::stream::read::Decoder<'static, io::BufReader<Counted<R>>>>, Rc<Read_>),
+    Zstd(Box<zstd::stream::read::Decoder<'static, io::BufReader<Counted<R>>>>, Rc<Intake>),
 }
 
 /// What was read from the file under a decoder: how many bytes, and whether reading failed.
 #[derive(Default)]
-pub(crate) struct Read_ {
+pub(crate) struct Intake {
     count: Cell<u64>,
     failed: Cell<bool>,
 }
@@ -57,7 +57,7 @@ pub(crate) struct Read_ {
 /// A reader that counts what was read through it.
 pub(crate) struct Counted<R> {
     inner: R,
-    read: Rc<Read_>,
+    read: Rc<Intake>,
 }
 
 impl<R: Read> Read for Counted<R> {
@@ -70,7 +70,7 @@ impl<R: Read> Read for Counted<R> {
 
 impl<R: Read> Body<R> {
     pub(crate) fn zstd(inner: R) -> io::Result<Body<R>> {
-        let read = Rc::new(Read_::default());
+        let read = Rc::new(Intake::default());
         let counted = Counted { inner, read: read.clone() };
         let input = io::BufReader::with_capacity(INPUT_CHUNK, counted);
         Ok(Body::Zstd(Box::new(zstd::stream::read::Decoder::with_buffer(input)?), read))

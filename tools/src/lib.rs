@@ -1,6 +1,5 @@
 //! `gpumemtrace`'s command line as a library: the executable (`main.rs`) calls [`main`], and the
-//! fuzz target (`fuzz/fuzz_targets/read_trace.rs`) calls [`fuzz::summary`] and
-//! [`fuzz::reports`]. The modules stay private: nothing else is an API.
+//! fuzz targets (`fuzz/fuzz_targets/`) call [`fuzz::summary`] and [`fuzz::reports`]. The modules stay private: nothing else is an API.
 
 mod cli;
 mod error;
@@ -42,7 +41,7 @@ pub mod fuzz {
         let input = [Input::Memory { path: "fuzz.trace".into(), bytes: bytes.to_vec() }];
         for json in [false, true] {
             let opts = summary::Options { json, ..Default::default() };
-            let _ = summary::summarize(&input, json, &opts, &mut Symbolizer::new(), &mut std::io::sink());
+            let _ = summary::summarize(&input, json, &opts, &mut std::io::sink());
         }
     }
 

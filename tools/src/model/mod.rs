@@ -27,4 +27,4 @@ pub use crate::read::records::Outcome;
 pub use crate::read::replay::{Observer, Step, StepKind};
 pub use load::{load, load_input};
 pub use pool::Pool;
-pub use trace::{Failure, Trace};
+pub use trace::{Failure, Trace, IMPOSSIBLE_DEVICE};

@@ -170,8 +170,8 @@ pub const PY_KEY: u32 = 0x8000_0000;
 const IMPOSSIBLE_BYTES: u64 = 1 << 57;
 /// Later than any process runs: 2^62 ns after its clock's zero, some 146 years.
 const IMPOSSIBLE_NS: u64 = 1 << 62;
-/// More devices than any machine has.
-const IMPOSSIBLE_DEVICE: i32 = 4096;
+/// More devices than any machine has (NVLink domains reach 72 GPUs; a process sees its node's).
+pub const IMPOSSIBLE_DEVICE: i32 = 4096;
 
 impl Trace {
     /// Whether the trace has a phase of this name (with allocations in it or not).

@@ -75,17 +75,15 @@ struct DebugInfo {
 #[derive(Default)]
 pub struct Symbolizer {
     objects: HashMap<(String, Vec<u8>), Option<DebugInfo>>,
-    /// Reads no object file: frames keep their module and offset (the fuzz target's, where
-    /// every mutated path or build-id would be another file to parse).
-    offline: bool,
 }
 
-/// Set by [`Symbolizer::all_offline`].
+/// Set by [`Symbolizer::all_offline`]: no object file is read, frames keep their module and
+/// offset (the fuzz targets', where every mutated path or build-id would be another file to parse).
 static ALL_OFFLINE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl Symbolizer {
     pub fn new() -> Symbolizer {
-        Symbolizer { offline: ALL_OFFLINE.load(std::sync::atomic::Ordering::Relaxed), ..Symbolizer::default() }
+        Symbolizer::default()
     }
 
     /// From now on no symbolizer of this process reads object files (the fuzz target's).
@@ -97,7 +95,6 @@ impl Symbolizer {
     pub fn for_trace<'a>(&'a mut self, modules: &'a [Module]) -> TraceSymbolizer<'a> {
         TraceSymbolizer {
             objects: &mut self.objects,
-            offline: self.offline,
             modules,
             cache: HashMap::new(),
         }
@@ -106,7 +103,6 @@ impl Symbolizer {
 
 pub struct TraceSymbolizer<'a> {
     objects: &'a mut HashMap<(String, Vec<u8>), Option<DebugInfo>>,
-    offline: bool,
     modules: &'a [Module],
     cache: HashMap<u64, Vec<Frame>>,
 }
@@ -149,7 +145,7 @@ impl TraceSymbolizer<'_> {
             offset: Some(offset),
             ..Frame::default()
         };
-        if self.offline {
+        if ALL_OFFLINE.load(std::sync::atomic::Ordering::Relaxed) {
             return vec![bare];
         }
         let debug = self

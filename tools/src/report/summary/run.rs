@@ -40,12 +40,13 @@ pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result
             }
         }
     }
-    Ok(summarize(&inputs, paths.len() > 1, opts, &mut Symbolizer::new(), out)? && all_read)
+    Ok(summarize(&inputs, paths.len() > 1, opts, out)? && all_read)
 }
 
 /// The summary of inputs already opened (`merge`: and of their processes together); returns
 /// false when one could not be read.
-pub fn summarize(inputs: &[Input], merge: bool, opts: &Options, sym: &mut Symbolizer, out: &mut dyn Write) -> io::Result<bool> {
+pub fn summarize(inputs: &[Input], merge: bool, opts: &Options, out: &mut dyn Write) -> io::Result<bool> {
+    let mut sym = Symbolizer::new();
     let mut reports = Vec::new();
     let mut all_read = true;
     let filter = crate::model::Filter { device: None, phase: opts.phase.clone(), ..opts.filter.clone() };
@@ -57,14 +58,14 @@ pub fn summarize(inputs: &[Input], merge: bool, opts: &Options, sym: &mut Symbol
                 if let Some(w) = trace.implausible() {
                     eprintln!("warning: {}: {w}", input::display(input.path()));
                 }
-                let mut r = build(input.path(), &trace, sym, opts);
+                let mut r = build(input.path(), &trace, &mut sym, opts);
                 let top = if opts.json { opts.top } else { Some(opts.top.unwrap_or(DEFAULT_TOP)) };
                 let wanted = |d: i32| opts.device.is_none_or(|w| w == d);
                 r.temporary = super::temporary::build(
                     &trace,
                     temporary.finish(),
                     opts.temporary_threshold,
-                    sym,
+                    &mut sym,
                     (&wanted, top, opts.frames),
                 );
                 reports.push(r);

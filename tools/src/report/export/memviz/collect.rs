@@ -7,9 +7,6 @@ use super::{blocks, driver};
 use crate::model::{Observer, Step, Trace};
 use crate::symbolize::{Frame, TraceSymbolizer};
 
-/// More devices than any machine has (NVLink domains reach 72 GPUs; a process sees its node's).
-const MAX_DEVICES: i32 = 4096;
-
 /// Collects the trace entries while the model replays: an observer of the loader's replay.
 pub struct Collector {
     device: Option<i32>,
@@ -40,7 +37,7 @@ impl Collector {
 
         // memory_viz lists devices by index, 0 to the highest: an index no machine has (a
         // corrupt trace's) is left out rather than given a billion empty lists.
-        let plausible = |d: i32| d < MAX_DEVICES;
+        let plausible = |d: i32| d < crate::model::IMPOSSIBLE_DEVICE;
         let implausible: Vec<i32> = traces.0.keys().chain(segments.iter().map(|s| &s.device)).copied().filter(|&d| !plausible(d)).collect();
         if let Some(d) = implausible.first() {
             eprintln!("warning: device {d} is not a device index a machine can have; left out of the snapshot");
