@@ -5,6 +5,7 @@
 #   base      another build (libgpumemtrace-base.so), as users run it
 #   new-self  this build measuring its own hooks (GPUMEMTRACE_SELF_TIME=1): what self-measurement
 #             itself adds (it reads the time-stamp counter up to seven times an event)
+#   base-self the other build measuring its own hooks (its parts beside new-self's)
 # Prints each process's median added time (40 pairs of 20-step windows; a new-self run also its
 # self-time notice) and, per variant, the median over processes. ab_python.sh runs it for its loop.
 #   BIN=dir-with: gpumemtrace libgpumemtrace.so [libgpumemtrace-base.so]
@@ -22,6 +23,7 @@ for r in $(seq "$ROUNDS"); do
       new) env=(LD_PRELOAD="$BIN/libgpumemtrace.so") ;;
       base) env=(LD_PRELOAD="$BIN/libgpumemtrace-base.so") ;;
       new-self) env=(LD_PRELOAD="$BIN/libgpumemtrace.so" GPUMEMTRACE_SELF_TIME=1) ;;
+      base-self) env=(LD_PRELOAD="$BIN/libgpumemtrace-base.so" GPUMEMTRACE_SELF_TIME=1) ;;
       *) echo "unknown variant $v" >&2; exit 2 ;;
     esac
     rm -rf "$SCRATCH/tr" && mkdir -p "$SCRATCH/tr"
@@ -29,7 +31,7 @@ for r in $(seq "$ROUNDS"); do
       timeout 120 python3 examples/gpu/perf_blocks.py alternate launch-bound | grep '^alternate')
     echo "variant=$v round=$r $line" | tee -a "$SCRATCH/rows.txt"
     # A run measuring itself also says what its hooks took, by part.
-    [ "$v" = new-self ] && "$BIN/gpumemtrace" summary "$SCRATCH"/tr/*.trace 2>/dev/null | grep -o 'self time (GPUMEMTRACE_SELF_TIME).*'
+    case $v in *-self) "$BIN/gpumemtrace" summary "$SCRATCH"/tr/*.trace 2>/dev/null | grep -o 'self time (GPUMEMTRACE_SELF_TIME).*' ;; esac
   done
 done
 python3 - "$SCRATCH/rows.txt" $VARIANTS <<'PY'
