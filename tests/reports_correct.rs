@@ -355,5 +355,7 @@ fn extreme_times_and_sizes_reach_every_report_without_a_panic() {
     let corrupt = "more than any address space: no process does this; the trace is likely corrupt";
     assert!(stderr(&out).contains(corrupt), "{}", stderr(&out));
     assert!(stderr(&gmt(&["timeline", s(&p), "-o", &o("w.svg")])).contains(corrupt));
+    // `check` judges budgets on such figures: it warns too.
+    assert!(stderr(&gmt(&["check", s(&p), "--max-peak", "1TiB"])).contains(corrupt));
     assert!(!stderr(&gmt(&["summary", s(&plain)])).contains("likely corrupt"));
 }

@@ -9,7 +9,7 @@ use super::args::{Cmd, ExportFormat, Scope, Select};
 use super::run;
 use crate::error::{json_error, Error, Result};
 use crate::read::input::{self, one_trace, only_trace, traces_of};
-use crate::model::{Filter, Observer, Outcome, Trace};
+use crate::model::{Filter, Observer, Trace};
 use crate::report::{check, diff, dump, export, flamegraph, phases, summary, timeline};
 use crate::report::html;
 use crate::symbolize::Symbolizer;
@@ -71,8 +71,7 @@ fn filter(sel: &Select) -> Filter {
 fn load(path: &Path, f: &Filter, observe: &mut (dyn Observer + Send)) -> Result<Trace> {
     let t = crate::model::load(path, f, observe)?;
     let p = input::display(path);
-    warn_outcome(path, &t.outcome);
-    if let Some(w) = t.implausible() {
+    for w in t.warnings("this report") {
         eprintln!("warning: {p}: {w}");
     }
     if let Some(ph) = &f.phase {
@@ -125,19 +124,6 @@ fn on(device: i32) -> String {
         format!("of host memory (device {device})")
     } else {
         format!("on device {device}")
-    }
-}
-
-fn warn_outcome(path: &Path, outcome: &Outcome) {
-    let p = input::display(path);
-    match outcome {
-        Outcome::Complete => {}
-        Outcome::Truncated { offset } => {
-            eprintln!("warning: {p}: the trace is truncated at byte {offset}; showing the events before it")
-        }
-        Outcome::Corrupt { offset, message } => {
-            eprintln!("warning: {p}: the trace is corrupt at byte {offset} ({message}); showing the events before it")
-        }
     }
 }
 
@@ -312,7 +298,9 @@ fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: 
     let mut traces = Vec::new();
     for p in &files {
         let t = crate::model::load(p, &f, &mut ()).map_err(|e| e.of("check").status(2))?;
-        warn_outcome(p, &t.outcome);
+        for w in t.warnings("the check") {
+            eprintln!("warning: {}: {w}", input::display(p));
+        }
         traces.push((p, t));
     }
     // Budgets that cannot be judged first (their reason is the more specific one).

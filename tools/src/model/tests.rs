@@ -489,3 +489,18 @@ fn values_no_process_has_are_called_implausible_and_real_ones_are_not() {
     let device = TraceBuilder::new().call(MALLOC, 10, 70_000, 0x1000, 4096, 1, 0).load().implausible().unwrap();
     assert!(device.contains("device number 70000"), "{device}");
 }
+
+#[test]
+fn a_reports_warnings_say_where_reading_stopped_and_what_no_process_does() {
+    let mut t = TraceBuilder::new().ok(MALLOC, 10, 0x1000, 1 << 57, 1).load();
+    assert_eq!(t.warnings("the summary").len(), 1, "implausible values alone");
+    t.outcome = Outcome::Truncated { offset: 1337 };
+    let w = t.warnings("the summary");
+    assert_eq!(w.len(), 2);
+    assert_eq!(w[0], "the trace is truncated at byte 1337 (the process may have been killed); the summary covers the events before it");
+    assert!(w[1].contains("likely corrupt"));
+    let mut t = TraceBuilder::new().ok(MALLOC, 10, 0x1000, 4096, 1).load();
+    assert!(t.warnings("this report").is_empty());
+    t.outcome = Outcome::Corrupt { offset: 7, message: "bad record type 200".into() };
+    assert_eq!(t.warnings("this report"), ["the trace is corrupt at byte 7 (bad record type 200); this report covers the events before it"]);
+}

@@ -179,6 +179,24 @@ impl Trace {
         self.phase_names.iter().any(|n| n == name)
     }
 
+    /// What a report of this trace must warn of before its figures, one line each: where
+    /// reading stopped short (a truncated or corrupt file: `covers` names what covers the events
+    /// before that point, "the summary", "this report"), and values no process can have.
+    pub fn warnings(&self, covers: &str) -> Vec<String> {
+        let mut w = Vec::new();
+        match &self.outcome {
+            Outcome::Complete => {}
+            Outcome::Truncated { offset } => w.push(format!(
+                "the trace is truncated at byte {offset} (the process may have been killed); {covers} covers the events before it"
+            )),
+            Outcome::Corrupt { offset, message } => {
+                w.push(format!("the trace is corrupt at byte {offset} ({message}); {covers} covers the events before it"))
+            }
+        }
+        w.extend(self.implausible());
+        w
+    }
+
     /// What in the trace no process can have done (successful allocations past any address
     /// space, times past any run, device numbers past any machine), if anything. The format
     /// carries no checksum, so a corrupt byte that still decodes shows only in such values; a

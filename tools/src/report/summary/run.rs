@@ -1,12 +1,11 @@
 //! `summary` over several traces: each summarized, then the processes together.
 
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Serialize;
 
 use crate::read::input::{self, Input};
-use crate::model::Outcome;
 use crate::symbolize::Symbolizer;
 
 use super::build::build;
@@ -54,8 +53,7 @@ pub fn summarize(inputs: &[Input], merge: bool, opts: &Options, out: &mut dyn Wr
         let mut temporary = crate::model::temporary::Temporary::new(opts.temporary_threshold);
         match crate::model::load_input(input, &filter, &mut temporary) {
             Ok(trace) => {
-                warn_outcome(input.path(), &trace.outcome);
-                if let Some(w) = trace.implausible() {
+                for w in trace.warnings("the summary") {
                     eprintln!("warning: {}: {w}", input::display(input.path()));
                 }
                 let mut r = build(input.path(), &trace, &mut sym, opts);
@@ -95,16 +93,3 @@ pub fn summarize(inputs: &[Input], merge: bool, opts: &Options, out: &mut dyn Wr
     Ok(all_read)
 }
 
-fn warn_outcome(path: &Path, outcome: &Outcome) {
-    let p = input::display(path);
-    match outcome {
-        Outcome::Complete => {}
-        Outcome::Truncated { offset } => eprintln!(
-            "warning: {p}: the trace is truncated at byte {offset} (the process may have been killed); \
-             the summary covers the events before it"
-        ),
-        Outcome::Corrupt { offset, message } => eprintln!(
-            "warning: {p}: the trace is corrupt at byte {offset} ({message}); the summary covers the events before it"
-        ),
-    }
-}
