@@ -1,5 +1,6 @@
 //! `gpumemtrace`'s command line as a library: the executable (`main.rs`) calls [`main`], and the
-//! fuzz targets (`fuzz/fuzz_targets/`) call [`fuzz::summary`] and [`fuzz::reports`]. The modules stay private: nothing else is an API.
+//! fuzz targets (`fuzz/fuzz_targets/`) call [`fuzz::summary`] and [`fuzz::reports`]. The modules
+//! stay private: nothing else is an API.
 
 mod cli;
 mod error;

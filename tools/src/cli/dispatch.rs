@@ -71,9 +71,7 @@ fn filter(sel: &Select) -> Filter {
 fn load(path: &Path, f: &Filter, observe: &mut (dyn Observer + Send)) -> Result<Trace> {
     let t = crate::model::load(path, f, observe)?;
     let p = input::display(path);
-    for w in t.warnings("this report") {
-        eprintln!("warning: {p}: {w}");
-    }
+    t.warn(path, "this report");
     if let Some(ph) = &f.phase {
         if !t.has_phase(ph) {
             eprintln!("warning: {p}: no phase named {ph:?} in this trace");
@@ -298,9 +296,7 @@ fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: 
     let mut traces = Vec::new();
     for p in &files {
         let t = crate::model::load(p, &f, &mut ()).map_err(|e| e.of("check").status(2))?;
-        for w in t.warnings("the check") {
-            eprintln!("warning: {}: {w}", input::display(p));
-        }
+        t.warn(p, "the check");
         traces.push((p, t));
     }
     // Budgets that cannot be judged first (their reason is the more specific one).

@@ -197,6 +197,13 @@ impl Trace {
         w
     }
 
+    /// Prints [`Trace::warnings`] on stderr, each after the trace's name (`path`).
+    pub fn warn(&self, path: &std::path::Path, covers: &str) {
+        for w in self.warnings(covers) {
+            eprintln!("warning: {}: {w}", crate::read::input::display(path));
+        }
+    }
+
     /// What in the trace no process can have done (successful allocations past any address
     /// space, times past any run, device numbers past any machine), if anything. The format
     /// carries no checksum, so a corrupt byte that still decodes shows only in such values; a

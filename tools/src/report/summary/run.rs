@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::read::input::{self, Input};
+use crate::read::input::Input;
 use crate::symbolize::Symbolizer;
 
 use super::build::build;
@@ -53,9 +53,7 @@ pub fn summarize(inputs: &[Input], merge: bool, opts: &Options, out: &mut dyn Wr
         let mut temporary = crate::model::temporary::Temporary::new(opts.temporary_threshold);
         match crate::model::load_input(input, &filter, &mut temporary) {
             Ok(trace) => {
-                for w in trace.warnings("the summary") {
-                    eprintln!("warning: {}: {w}", input::display(input.path()));
-                }
+                trace.warn(input.path(), "the summary");
                 let mut r = build(input.path(), &trace, &mut sym, opts);
                 let top = if opts.json { opts.top } else { Some(opts.top.unwrap_or(DEFAULT_TOP)) };
                 let wanted = |d: i32| opts.device.is_none_or(|w| w == d);
