@@ -15,6 +15,9 @@ pub struct Batch {
     pub body: Body,
     pub at: [u64; RINGS],
     pub events: u64,
+    /// The trace's last write (exit, a fatal signal): its compressed frame ends with it, so
+    /// that a reader checks every record (see the format crate's `compress`).
+    pub last: bool,
 }
 
 pub enum Body {

@@ -636,7 +636,7 @@ fn serve_flush_request(w: &mut Writer) -> std::io::Result<()> {
     w.release(true)?;
     w.notice(&format!("the process received fatal signal {}", FATAL_SIGNAL.load(SeqCst)));
     w.stats(false);
-    let r = w.flush_now();
+    let r = w.flush_last();
     FLUSH_DONE.store(want, SeqCst);
     r
 }
@@ -706,7 +706,7 @@ fn write_out(t: &Tracer, final_: bool) {
         w.notice(&format!("tracing stopped early: {why}"));
     }
     w.stats(final_);
-    match w.flush_now() {
+    match w.flush_last() {
         // Everything is in the trace: the journal has nothing more to tell.
         Ok(()) if final_ => {
             w.remove_journal();

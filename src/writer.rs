@@ -586,29 +586,35 @@ impl Writer {
     /// commit). Written by the time this returns, unless the sink writes beside the writer
     /// (then see `flush_now`).
     pub fn flush(&mut self) -> io::Result<()> {
-        self.flush_with(false, false)
+        self.flush_with(false, false, false)
     }
 
     /// Flushes before the flush interval is up: the hooks fill the rings faster (a full batch, a
     /// ring filling up).
     pub fn flush_busy(&mut self) -> io::Result<()> {
-        self.flush_with(false, true)
+        self.flush_with(false, true, false)
     }
 
     /// Flushes, and waits until everything handed to the sink is in the trace (exit, a fatal
     /// signal, synchronous writes).
     pub fn flush_now(&mut self) -> io::Result<()> {
-        self.flush_with(true, false)
+        self.flush_with(true, false, false)
     }
 
-    fn flush_with(&mut self, wait: bool, busy: bool) -> io::Result<()> {
+    /// `flush_now` for the trace's last write (exit, a fatal signal): the compressed frame ends
+    /// with it. Anything written after (a later exit handler's calls) starts a new frame.
+    pub fn flush_last(&mut self) -> io::Result<()> {
+        self.flush_with(true, false, true)
+    }
+
+    fn flush_with(&mut self, wait: bool, busy: bool, last: bool) -> io::Result<()> {
         self.last_flush = Instant::now();
         let at = self.committable();
         self.handed = at;
         let body = std::mem::replace(&mut self.body, Body::Bytes(Vec::new()));
         // The writer's encoder says where the event stream stands (`Body::put_event`): the next
         // body goes on from there, whichever end encodes it (after a failed write, the writer).
-        match self.sink.write(Batch { body, at, events: self.events }, wait, busy) {
+        match self.sink.write(Batch { body, at, events: self.events, last }, wait, busy) {
             Ok(body) => {
                 self.body = body;
                 self.body.start_items(self.enc.event_state());

@@ -572,6 +572,14 @@ fn corrupt_bytes_give_an_error_with_an_offset_never_a_panic() {
     let run = run_traced("prog_driver", &[], &[]);
     let bytes = std::fs::read(&run.traces[0]).unwrap();
     let dir = scratch("corrupt");
+    // The summary of the trace as written, without its path.
+    let figures = |out: &std::process::Output| {
+        let mut json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        json["traces"][0].as_object_mut().unwrap().remove("path");
+        json
+    };
+    let whole = figures(&cli_summary(&run.traces[0]));
+    let (mut flips, mut found, mut first_found) = (0, 0, None);
     for (i, pos) in (gpumemtrace_format::HEADER_LEN..bytes.len()).step_by(53).enumerate() {
         let mut b = bytes.clone();
         b[pos] ^= 0xff;
@@ -581,13 +589,27 @@ fn corrupt_bytes_give_an_error_with_an_offset_never_a_panic() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!stderr.contains("panicked"), "flip at {pos}: {stderr}");
         assert_ne!(out.status.code(), Some(101), "flip at {pos}");
-        if let Ok(json) = serde_json::from_slice::<serde_json::Value>(&out.stdout) {
-            let t = &json["traces"][0];
-            if t["status"] == "corrupt" {
-                assert!(t["error"].as_str().unwrap().contains("byte"), "{t}");
-            }
+        flips += 1;
+        let t = figures(&out)["traces"][0].clone();
+        if t["status"] == "corrupt" {
+            found += 1;
+            first_found.get_or_insert(p.clone());
+            assert!(t["error"].as_str().unwrap().contains("byte"), "{t}");
+            assert!(stderr.contains("corrupt at byte"), "a warning names the offset: {stderr}");
+            // The summary of what came before the damage, and an exit status that says so.
+            assert_eq!(out.status.code(), Some(1), "flip at {pos}");
+        } else {
+            // A process that ended cleanly ended its last compressed frame: every byte of the
+            // trace is under a checksum, so a changed byte that is not reported changed nothing.
+            assert_eq!(t, whole["traces"][0], "flip at {pos} changed the figures silently");
+            assert!(out.status.success(), "flip at {pos}");
         }
     }
+    assert!(found * 100 >= flips * 95, "{found} of {flips} flipped bytes reported");
+    // A CI gate does not pass a damaged trace: its budgets cannot be judged (exit 2).
+    let out = Command::new(cli()).args(["check", "--max-peak", "1TiB"]).arg(first_found.unwrap()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be judged"), "{}", String::from_utf8_lossy(&out.stderr));
     // A file that is not a trace at all.
     let p = dir.join("not-a-trace.trace");
     std::fs::write(&p, b"hello world, this is not a trace").unwrap();

@@ -206,7 +206,8 @@ impl Trace {
 
     /// What in the trace no process can have done (successful allocations past any address
     /// space, times past any run, device numbers past any machine), if anything. The format
-    /// carries no checksum, so a corrupt byte that still decodes shows only in such values; a
+    /// carries no checksum in a plain body (`GPUMEMTRACE_COMPRESS=0`) nor in traces of writers
+    /// before checksums, so there a corrupt byte that still decodes shows only in such values; a
     /// report of them must say so rather than print them as findings.
     pub fn implausible(&self) -> Option<String> {
         let what = if let Some((k, g)) = self.groups.iter().find(|(_, g)| g.allocated_bytes.max(g.peak_bytes) >= IMPOSSIBLE_BYTES) {
@@ -219,7 +220,7 @@ impl Trace {
             format!("device number {device}")
         };
         Some(format!(
-            "{what}: no process does this; the trace is likely corrupt (it carries no checksum: corrupt bytes that still decode show only so), and its figures are not to be trusted"
+            "{what}: no process does this; the trace is likely corrupt (corrupt bytes that still decode, where no checksum covers them, show only so), and its figures are not to be trusted"
         ))
     }
 

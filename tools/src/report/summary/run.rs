@@ -24,7 +24,8 @@ pub(super) struct Json<'a> {
 }
 
 /// Summarizes `paths` (trace files) to `out`. Unreadable files are reported on stderr and
-/// skipped; returns false when there was one.
+/// skipped; returns false when there was one, or a corrupt one (summarized up to the damage,
+/// with a warning: the exit status says so too).
 pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result<bool> {
     let mut all_read = true;
     // Each input is opened once: a pipe (`-`, /dev/stdin) is read into memory then, and both
@@ -43,7 +44,7 @@ pub fn run(paths: &[PathBuf], opts: &Options, out: &mut dyn Write) -> io::Result
 }
 
 /// The summary of inputs already opened (`merge`: and of their processes together); returns
-/// false when one could not be read.
+/// false when one could not be read, or only up to damaged bytes.
 pub fn summarize(inputs: &[Input], merge: bool, opts: &Options, out: &mut dyn Write) -> io::Result<bool> {
     let mut sym = Symbolizer::new();
     let mut reports = Vec::new();
@@ -54,6 +55,7 @@ pub fn summarize(inputs: &[Input], merge: bool, opts: &Options, out: &mut dyn Wr
         match crate::model::load_input(input, &filter, &mut temporary) {
             Ok(trace) => {
                 trace.warn(input.path(), "the summary");
+                all_read &= !matches!(trace.outcome, crate::read::records::Outcome::Corrupt { .. });
                 let mut r = build(input.path(), &trace, &mut sym, opts);
                 let top = if opts.json { opts.top } else { Some(opts.top.unwrap_or(DEFAULT_TOP)) };
                 let wanted = |d: i32| opts.device.is_none_or(|w| w == d);
