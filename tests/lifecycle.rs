@@ -469,6 +469,32 @@ fn full_disk_with(env: &[(&str, &str)]) {
 }
 
 #[test]
+fn a_full_disk_leaves_a_compressed_trace_checked_up_to_its_last_whole_write() {
+    // The same 64 KiB limit, the trace compressed: the frame the failed write was in ends where
+    // the file does (read unchecked, as a killed process's last frame), and no later write
+    // follows it (tracing stops at the first failed write), so nothing reads as corrupt.
+    let dir = scratch("disk-full-zstd");
+    let prog = emu().join("prog_threads");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -f 128; exec {} 4 100000", prog.display()))
+        .env("LD_PRELOAD", shim())
+        .env("GPUMEMTRACE_OUTPUT", format!("{}/", dir.display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?} {stderr}", out.status);
+    let lines = tracer_lines(&stderr);
+    assert!(lines.len() == 1 && lines[0].contains("File too large"), "{stderr}");
+    let trace = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|e| e == "trace")).unwrap();
+    assert_eq!(std::fs::metadata(&trace).unwrap().len(), 128 * 512, "the limit was reached");
+    let json = summary_json(&trace);
+    let t = &json["traces"][0];
+    assert!(t["events"].as_u64().unwrap() > 1000, "{t}");
+    assert_ne!(t["status"], "corrupt", "{t}");
+}
+
+#[test]
 fn trace_files_can_be_made_group_readable() {
     use std::os::unix::fs::PermissionsExt;
     let run = run_traced("prog_driver", &[], &[("GPUMEMTRACE_FILE_MODE", "640")]);
