@@ -199,7 +199,16 @@ impl<R: Read> Frames<R> {
             }
             if n == 0 {
                 // The end of the file inside a frame is the end of the trace (the frame a
-                // process was writing when it stopped): what it decoded to stands, unchecked.
+                // process was writing when it stopped): what it decoded to stands, unchecked,
+                // with whatever the decoder still holds of a block it decoded.
+                loop {
+                    self.out.reserve(OUTPUT_CHUNK);
+                    let filled = self.out.len();
+                    let ran = self.dec.run(&mut InBuffer::around(&[]), &mut OutBuffer::around_pos(&mut self.out, filled));
+                    if ran.is_err() || self.out.len() == filled {
+                        break;
+                    }
+                }
                 self.released = self.out.len();
                 self.end = Some(None);
                 return Ok(());
