@@ -18,6 +18,9 @@ pub struct Batch {
     /// The trace's last write (exit, a fatal signal): its compressed frame ends with it, so
     /// that a reader checks every record (see the format crate's `compress`).
     pub last: bool,
+    /// Where the event deltas stand at the body's start: a compressed frame that starts with
+    /// this batch begins with it (a Sync record), so a reader goes on past a damaged frame.
+    pub start: EventState,
 }
 
 pub enum Body {

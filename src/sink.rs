@@ -288,7 +288,13 @@ impl Out {
         let r = match &mut self.zstd {
             Some(z) => {
                 self.out.clear();
-                z.compress_ending(bytes, &mut self.out, b.last).and_then(|_| crate::output::write_all(&self.file, &self.out))
+                // A frame starts with where the event deltas stand, so that a reader that lost
+                // the frame before can go on from it.
+                let mut sync = Vec::new();
+                if z.at_frame_start() {
+                    b.start.sync(&mut sync);
+                }
+                z.compress_parts(&[&sync, bytes], &mut self.out, b.last).and_then(|_| crate::output::write_all(&self.file, &self.out))
             }
             None => crate::output::write_all(&self.file, bytes),
         };
@@ -371,7 +377,7 @@ mod tests {
             handed: 0,
         };
         let written = AtomicU64::new(0);
-        let batch = |events| Batch { body: Body::Bytes(b"records".to_vec()), at: [0; RINGS], events, last: false };
+        let batch = |events| Batch { body: Body::Bytes(b"records".to_vec()), at: [0; RINGS], events, last: false, start: Default::default() };
         out.write_counted(&batch(10), &written).unwrap();
         assert_eq!(written.load(Relaxed), 10);
         out.gave_up = true; // the output stopped taking data: this write fails
@@ -379,7 +385,7 @@ mod tests {
         out.gave_up = false;
         out.write_counted(&batch(30), &written).unwrap();
         assert_eq!(written.load(Relaxed), 15, "10, then 5 of the last batch; the 15 lost stay out");
-        out.write_counted(&Batch { body: Body::Bytes(Vec::new()), at: [0; RINGS], events: 30, last: false }, &written).unwrap();
+        out.write_counted(&Batch { body: Body::Bytes(Vec::new()), at: [0; RINGS], events: 30, last: false, start: Default::default() }, &written).unwrap();
         assert_eq!(written.load(Relaxed), 15, "a batch that only commits adds nothing");
         assert_eq!(std::fs::read(&path).unwrap(), b"recordsrecords");
         let _ = std::fs::remove_file(&path);

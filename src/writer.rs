@@ -53,6 +53,8 @@ pub struct Writer {
     /// What the next write takes: encoded records, or, once the sink encodes events beside the
     /// writer, records in order with the events left as they are (see `batch`).
     body: Body,
+    /// Where the event deltas stood when `body` began (`Batch::start`).
+    body_start: fmt::EventState,
     start_ns: u64,
     /// Stack ids by the hot path's key (`record::Stack`): already a hash, not hashed again.
     stacks: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
@@ -130,6 +132,7 @@ impl Writer {
             path,
             enc: Encoder::new(),
             body: Body::Bytes(Vec::new()),
+            body_start: fmt::EventState::default(),
             start_ns,
             stacks: HashMap::default(),
             py_codes: HashMap::new(),
@@ -614,7 +617,8 @@ impl Writer {
         let body = std::mem::replace(&mut self.body, Body::Bytes(Vec::new()));
         // The writer's encoder says where the event stream stands (`Body::put_event`): the next
         // body goes on from there, whichever end encodes it (after a failed write, the writer).
-        match self.sink.write(Batch { body, at, events: self.events, last }, wait, busy) {
+        let start = std::mem::replace(&mut self.body_start, self.enc.event_state());
+        match self.sink.write(Batch { body, at, events: self.events, last, start }, wait, busy) {
             Ok(body) => {
                 self.body = body;
                 self.body.start_items(self.enc.event_state());

@@ -69,14 +69,27 @@ impl Compressor {
     /// [`Compressor::compress`], ending the frame whatever it holds where `end` (the trace's
     /// last write: then every record of the trace is checked). Writes after it start a new frame.
     pub fn compress_ending(&mut self, data: &[u8], out: &mut Vec<u8>, end: bool) -> io::Result<()> {
-        let mut src = InBuffer::around(data);
-        while src.pos() < data.len() {
-            out.reserve(OUTPUT_CHUNK);
-            let filled = out.len();
-            let mut dst = OutBuffer::around_pos(out, filled);
-            self.enc.run(&mut src, &mut dst)?;
+        self.compress_parts(&[data], out, end)
+    }
+
+    /// Whether the next write starts a frame (the writer puts a Sync record first: see
+    /// `EventState::sync`).
+    pub fn at_frame_start(&self) -> bool {
+        self.in_frame == 0
+    }
+
+    /// [`Compressor::compress_ending`] of the parts one after the other.
+    pub fn compress_parts(&mut self, parts: &[&[u8]], out: &mut Vec<u8>, end: bool) -> io::Result<()> {
+        for data in parts {
+            let mut src = InBuffer::around(data);
+            while src.pos() < data.len() {
+                out.reserve(OUTPUT_CHUNK);
+                let filled = out.len();
+                let mut dst = OutBuffer::around_pos(out, filled);
+                self.enc.run(&mut src, &mut dst)?;
+            }
+            self.in_frame += data.len();
         }
-        self.in_frame += data.len();
         let ending = (end && self.in_frame > 0) || self.in_frame >= self.frame_input;
         loop {
             out.reserve(OUTPUT_CHUNK);
@@ -140,9 +153,18 @@ pub(crate) struct Frames<R: Read> {
     checked: Option<bool>,
     /// Where the frame being decoded starts in the file.
     frame_at: u64,
+    /// Part of the frame being decoded was handed out unchecked (it outgrew `MAX_HELD`).
+    partly_out: bool,
+    /// Damaged frames left out, each where it started and why; after one, `skipping` until the
+    /// next frame's magic number.
+    damaged: Vec<(u64, String)>,
+    skipping: bool,
     /// How reading ended: the end of the file, or the decoder's refusal (a corrupt frame).
     end: Option<Option<String>>,
 }
+
+/// A zstd frame's first four bytes.
+const MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
 impl<R: Read> Body<R> {
     pub(crate) fn zstd(inner: R) -> io::Result<Body<R>> {
@@ -158,9 +180,20 @@ impl<R: Read> Body<R> {
             released: 0,
             checked: None,
             frame_at: crate::HEADER_LEN as u64,
+            partly_out: false,
+            damaged: Vec::new(),
+            skipping: false,
             end: None,
         };
         Ok(Body::Zstd(Box::new(frames)))
+    }
+
+    /// The damaged frames left out so far (see `Reader::damaged`).
+    pub(crate) fn damaged(&self) -> &[(u64, String)] {
+        match self {
+            Body::Plain(_) => &[],
+            Body::Zstd(f) => &f.damaged,
+        }
     }
 
     /// For a compressed body, the body bytes read from the file so far (records have no byte
@@ -195,7 +228,7 @@ impl<R: Read> Frames<R> {
             if self.checked.is_none() {
                 // Frame header: magic (4 bytes), then its descriptor, whose bit 2 is the
                 // checksum flag.
-                self.checked = Some(n >= 5 && self.inbuf[..4] == [0x28, 0xb5, 0x2f, 0xfd] && self.inbuf[4] & 4 != 0);
+                self.checked = Some(n >= 5 && self.inbuf[..4] == MAGIC && self.inbuf[4] & 4 != 0);
             }
             if n == 0 {
                 // The end of the file inside a frame is the end of the trace (the frame a
@@ -215,6 +248,9 @@ impl<R: Read> Frames<R> {
             }
             (self.in_pos, self.in_len) = (0, n);
         }
+        if self.skipping {
+            return self.skip_to_frame();
+        }
         self.out.reserve(OUTPUT_CHUNK);
         let mut src = InBuffer::around(&self.inbuf[self.in_pos..self.in_len]);
         let filled = self.out.len();
@@ -225,11 +261,13 @@ impl<R: Read> Frames<R> {
             Ok(0) => {
                 // A frame ended and its checksum (if it has one) matched.
                 self.released = self.out.len();
-                self.frame_at = self.input.read.count.get() - (self.in_len - self.in_pos) as u64 + crate::HEADER_LEN as u64;
+                self.frame_at = self.at_in_pos();
+                self.partly_out = false;
                 self.dec.reinit()?;
             }
             Ok(_) => {
                 if self.checked != Some(true) || self.out.len() - self.released > MAX_HELD {
+                    self.partly_out |= self.out.len() > self.released;
                     self.released = self.out.len();
                 }
             }
@@ -238,14 +276,61 @@ impl<R: Read> Frames<R> {
                 // may be wrong too (a checksum fails only at the frame's end). (The decoder
                 // already dropped what it decoded in this call.)
                 self.out.truncate(self.released);
-                self.end = Some(Some(if self.checked == Some(true) {
-                    format!("compressed body: {e}; the records of the damaged frame, from byte {}, are left out", self.frame_at)
+                // Nothing handed out yet (the first frame's header is damaged): nothing is lost
+                // by looking for a later frame either.
+                let nothing_yet = self.released == 0 && self.start == 0;
+                if (self.checked == Some(true) || nothing_yet) && !self.partly_out {
+                    // Frames are independent, end at a record boundary and start with a Sync
+                    // record (the event deltas): reading goes on at the next frame.
+                    self.damaged.push((self.frame_at, format!("compressed body: {e}")));
+                    self.dec.reinit()?;
+                    self.skipping = true;
+                    // Not the damaged frame's own magic number again.
+                    if self.at_in_pos() == self.frame_at {
+                        self.in_pos += 1;
+                    }
                 } else {
-                    format!("compressed body: {e}")
-                }));
+                    self.end = Some(Some(format!("compressed body: {e}")));
+                }
             }
         }
         Ok(())
+    }
+}
+
+impl<R: Read> Frames<R> {
+    /// Where `inbuf[in_pos]` lies in the file.
+    fn at_in_pos(&self) -> u64 {
+        self.input.read.count.get() - (self.in_len - self.in_pos) as u64 + crate::HEADER_LEN as u64
+    }
+
+    /// After a damaged frame: drops input up to the next frame's magic number (then decoding
+    /// goes on from it) or to the end of the file.
+    fn skip_to_frame(&mut self) -> io::Result<()> {
+        loop {
+            let hay = &self.inbuf[self.in_pos..self.in_len];
+            if let Some(i) = hay.windows(4).position(|w| w == MAGIC) {
+                // Frames of one writer are alike: this one says whether they carry checksums.
+                if let Some(&desc) = hay.get(i + 4) {
+                    self.checked = Some(desc & 4 != 0);
+                }
+                self.in_pos += i;
+                self.frame_at = self.at_in_pos();
+                self.skipping = false;
+                return Ok(());
+            }
+            // The last three bytes may begin a magic number the next read completes.
+            let keep = hay.len().min(3);
+            self.inbuf.copy_within(self.in_len - keep..self.in_len, 0);
+            (self.in_pos, self.in_len) = (0, keep);
+            let got = self.input.read(&mut self.inbuf[keep..])?;
+            if got == 0 {
+                self.released = self.out.len();
+                self.end = Some(None);
+                return Ok(());
+            }
+            self.in_len += got;
+        }
     }
 }
 
@@ -315,6 +400,10 @@ mod tests {
         let parts: Vec<&[Record]> = recs.chunks(recs.len().div_ceil(flushes)).collect();
         for (i, part) in parts.iter().enumerate() {
             let mut buf = Vec::new();
+            // As the tracer's sink: a frame starts with where the event deltas stand.
+            if matches!(how, Writer::Frames(_) | Writer::Unended) && c.at_frame_start() {
+                enc.event_state().sync(&mut buf);
+            }
             for r in part.iter() {
                 enc.encode(r, &mut buf);
             }
@@ -335,13 +424,20 @@ mod tests {
     }
 
     fn read(bytes: &[u8]) -> (Vec<Record>, Option<ReadError>) {
+        let (out, err, damaged) = read_past_damage(bytes);
+        assert!(damaged.is_empty(), "{damaged:?}");
+        (out, err)
+    }
+
+    /// The records, how reading ended, and the damaged frames left out.
+    fn read_past_damage(bytes: &[u8]) -> (Vec<Record>, Option<ReadError>, Vec<(u64, String)>) {
         let mut r = Reader::new(bytes).unwrap();
         let mut out = Vec::new();
         loop {
             match r.next_record() {
                 Ok(Some(rec)) => out.push(rec),
-                Ok(None) => return (out, None),
-                Err(e) => return (out, Some(e)),
+                Ok(None) => return (out, None, r.damaged().to_vec()),
+                Err(e) => return (out, Some(e), r.damaged().to_vec()),
             }
         }
     }
@@ -370,39 +466,45 @@ mod tests {
     }
 
     #[test]
-    fn a_flipped_byte_in_a_finished_frame_is_found_and_none_of_that_frames_records_is_read() {
-        // Three frames of 1000 events each, then a fourth the last write ends.
+    fn a_flipped_byte_in_a_finished_frame_is_found_and_only_that_frames_records_are_left_out() {
+        // Four frames of 1000 events each, the last ended by the last write.
         let recs = random_events(4000);
         let (file, ends) = written_by(Writer::Frames(1), &recs, 4);
         let (back, err) = read(&file);
         assert!(err.is_none(), "{err:?}");
         assert_eq!(back, recs);
-        let (mut found, mut literal) = (0, 0);
+        let (mut tried, mut found, mut literal, mut one_frame) = (0, 0, 0, 0);
         for pos in (crate::HEADER_LEN..file.len()).step_by(23) {
+            tried += 1;
             let mut bad = file.clone();
             bad[pos] ^= 0xff;
-            let (back, err) = read(&bad);
-            // The frame holding the byte: the records of the frames before it are read, whole,
-            // and not one of its own (nor any later one), whatever the byte was.
-            let frame = ends.iter().filter(|&&e| e <= pos).count();
-            match err {
-                Some(ReadError::Corrupt { offset, what }) => {
-                    found += 1;
-                    assert_eq!(back[..], recs[..frame * 1000], "flip at {pos}: {what}");
-                    // Found once the decoder has the byte: at or after it, never past the file.
-                    assert!(offset as usize > pos && offset as usize <= file.len(), "flip at {pos}: offset {offset}");
-                    literal += usize::from(what.contains("checksum"));
-                }
-                Some(e) => panic!("flip at {pos}: {e}"),
+            let (back, err, damaged) = read_past_damage(&bad);
+            assert!(err.is_none(), "flip at {pos}: {err:?}");
+            if damaged.is_empty() {
                 // A bit no decoder reads (a header's unused bit): the records are the same.
-                None => assert_eq!(back, recs, "flip at {pos} went unnoticed"),
+                assert_eq!(back, recs, "flip at {pos} went unnoticed");
+                continue;
             }
+            found += 1;
+            literal += usize::from(damaged[0].1.contains("checksum"));
+            // The frame holding the byte: every frame before it is read whole, not one record
+            // of it, and reading goes on with the frames after it (all of them, unless the
+            // damage hid the next one's start), each record exactly as written.
+            let frame = ends.iter().filter(|&&e| e <= pos).count();
+            let start = if frame == 0 { crate::HEADER_LEN } else { ends[frame - 1] };
+            assert_eq!(damaged[0].0, start as u64, "flip at {pos}: {damaged:?}");
+            assert!(back.len() <= recs.len() - 1000 && back.len() % 1000 == 0, "flip at {pos}: {} records", back.len());
+            assert_eq!(back[..frame * 1000], recs[..frame * 1000], "flip at {pos}");
+            let after = back.len() - frame * 1000;
+            assert_eq!(back[frame * 1000..], recs[recs.len() - after..], "flip at {pos}");
+            one_frame += usize::from(back.len() == recs.len() - 1000);
         }
         // Almost every flip is found (2359 of 2359 when written), most of them only by the
-        // checksum: they decode without complaint (inside literals, say).
-        let tried = (crate::HEADER_LEN..file.len()).step_by(23).count();
+        // checksum: they decode without complaint (inside literals, say); and almost always
+        // only the damaged frame is lost.
         assert!(found * 100 >= tried * 95, "{found} of {tried} flips found");
         assert!(literal * 2 > tried, "{literal} of {tried} found by the checksum");
+        assert!(one_frame * 100 >= found * 95, "{one_frame} of {found} lost one frame only");
     }
 
     #[test]
@@ -421,11 +523,12 @@ mod tests {
         let frames = raw.len().div_ceil(256 * 1024);
         assert!(frames > 2, "{} bytes of records", raw.len());
         assert!(framed.len() <= old.len() * 102 / 100 + 64 * frames, "{} against {} bytes, {frames} frames", framed.len(), old.len());
-        // The last byte of the file is the last frame's checksum.
+        // The last byte of the file is the last frame's checksum: that frame is left out.
         let mut bad = framed.clone();
         *bad.last_mut().unwrap() ^= 1;
-        let (back, err) = read(&bad);
-        assert!(matches!(&err, Some(ReadError::Corrupt { what, .. }) if what.contains("checksum")), "{err:?}");
+        let (back, err, damaged) = read_past_damage(&bad);
+        assert!(err.is_none(), "{err:?}");
+        assert!(damaged.len() == 1 && damaged[0].1.contains("checksum"), "{damaged:?}");
         assert!(back.len() < recs.len() && back[..] == recs[..back.len()]);
     }
 
@@ -513,12 +616,13 @@ mod tests {
     }
 
     #[test]
-    fn garbage_after_a_compressed_header_is_an_error_not_a_panic() {
+    fn garbage_after_a_compressed_header_is_damage_not_a_panic() {
         let mut file = header_with(flags::ZSTD).to_vec();
         file.extend_from_slice(b"this is not zstd at all, not at all");
-        let (back, err) = read(&file);
-        assert!(back.is_empty());
-        assert!(err.is_some());
+        let (back, err, damaged) = read_past_damage(&file);
+        assert!(back.is_empty() && err.is_none());
+        assert_eq!(damaged.len(), 1, "{damaged:?}");
+        assert_eq!(damaged[0].0, crate::HEADER_LEN as u64);
     }
 
     #[test]

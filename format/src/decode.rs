@@ -106,6 +106,24 @@ impl<R: Read> Reader<R> {
 
     /// The next record; `Ok(None)` at a clean end of file.
     pub fn next_record(&mut self) -> Result<Option<Record>, ReadError> {
+        loop {
+            match self.next_any() {
+                Ok(Some(Next::Sync)) => {}
+                Ok(Some(Next::Record(r))) => return Ok(Some(r)),
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The compressed frames left out of what was read so far because they were damaged: each
+    /// the byte its frame started at and why.
+    pub fn damaged(&self) -> &[(u64, String)] {
+        self.inner.damaged()
+    }
+
+    /// The next record, or a Sync record taken in.
+    fn next_any(&mut self) -> Result<Option<Next>, ReadError> {
         if self.done {
             return Ok(None);
         }
@@ -149,7 +167,15 @@ impl<R: Read> Reader<R> {
             return Err(self.fail(ReadError::Truncated { offset: start }));
         }
         let payload = &self.buf[self.pos + header..self.pos + total];
-        let rec = match decode(tag, payload, self.version, &mut self.prev) {
+        let rec = if tag == crate::header::tag::SYNC {
+            sync(payload).map(|p| {
+                self.prev = p;
+                Next::Sync
+            })
+        } else {
+            decode(tag, payload, self.version, &mut self.prev).map(Next::Record)
+        };
+        let rec = match rec {
             Ok(r) => r,
             Err(what) => return Err(self.fail(ReadError::Corrupt { offset: start, what })),
         };
@@ -200,6 +226,18 @@ impl<R: Read> Reader<R> {
             e => e,
         }
     }
+}
+
+/// What `Reader::next_any` read.
+enum Next {
+    Record(Record),
+    Sync,
+}
+
+/// A Sync record's event state (see `EventState::sync`).
+fn sync(b: &[u8]) -> Result<Prev, String> {
+    let mut p = Payload { b, pos: 0 };
+    Ok(Prev { time_ns: p.uv()?, tid: p.u32("thread id")?, addr: p.uv()? })
 }
 
 /// A body that could not be read at `offset`: corrupt where the body's decoder refused its bytes

@@ -42,6 +42,8 @@ pub mod tag {
     pub const AGG_END: u8 = 0x0F;
     pub const AGG_PHASE: u8 = 0x10;
     pub const AGG_FAILURE: u8 = 0x11;
+    /// Where the event deltas stand (format-level: never handed to callers as a record).
+    pub const SYNC: u8 = 0x12;
 }
 
 /// The file header of an uncompressed trace.

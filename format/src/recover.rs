@@ -394,6 +394,11 @@ impl<R: io::Read> Recovering<R> {
         self.reader.offset()
     }
 
+    /// The trace's damaged frames left out so far (`Reader::damaged`).
+    pub fn damaged(&self) -> &[(u64, String)] {
+        self.reader.damaged()
+    }
+
     pub fn next_record(&mut self) -> Result<Option<Record>, crate::ReadError> {
         if let Some(tail) = &mut self.tail {
             return match tail.next() {

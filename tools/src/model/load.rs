@@ -76,8 +76,9 @@ impl Trace {
         // The last two stacks seen, whose first threads `stack_tid` already has.
         let mut last_stacks: [Option<u32>; 2] = [None, None];
         let observed = Observed::new(observe);
+        let mut damaged = Vec::new();
         let (outcome, observed) = behind(observed, threaded(), |feed| {
-            for_each_record(open().map_err(|e| e.to_string())?, recovery(), |rec| {
+            for_each_record(open().map_err(|e| e.to_string())?, recovery(), &mut damaged, |rec| {
                 replay.context(&rec);
                 match rec {
                     Record::Process(p) => trace.process = Some(p),
@@ -156,6 +157,7 @@ impl Trace {
             })
         });
         trace.outcome = outcome?;
+        trace.damaged = damaged;
         let Observed { mut groups, series, pools_at_python_exit, .. } = observed;
         groups.settle();
         trace.pools_at_python_exit = pools_at_python_exit;

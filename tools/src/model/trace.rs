@@ -104,6 +104,9 @@ pub struct Trace {
     /// Events naming an API id with no Api record; they cannot be replayed.
     pub unknown_api_events: u64,
     pub outcome: Outcome,
+    /// Compressed frames left out as damaged, reading going on after each: where each started
+    /// in the file and why (see the format crate's `compress`).
+    pub damaged: Vec<(u64, String)>,
     pub groups: BTreeMap<GroupKey, Group>,
     pub devices: BTreeMap<i32, DeviceTotal>,
     pub failures: Vec<Failure>,
@@ -193,8 +196,20 @@ impl Trace {
                 w.push(format!("the trace is corrupt at byte {offset} ({message}); {covers} covers the events before it"))
             }
         }
+        for (at, why) in &self.damaged {
+            w.push(format!(
+                "the trace is corrupt in the compressed frame from byte {at} ({why}): its records are left out, and {covers} misses them (reading went on at the next frame)"
+            ));
+        }
         w.extend(self.implausible());
         w
+    }
+
+    /// Whether reading met corrupt bytes: it stopped there, or left damaged compressed frames
+    /// out (a report then covers part of the run: `summary` says so in its exit status, `check`
+    /// judges nothing).
+    pub fn is_damaged(&self) -> bool {
+        matches!(self.outcome, Outcome::Corrupt { .. }) || !self.damaged.is_empty()
     }
 
     /// Prints [`Trace::warnings`] on stderr, each after the trace's name (`path`).

@@ -26,12 +26,15 @@ const AHEAD: usize = 4;
 /// Feeds every record to `f` until it breaks or the file ends; returns how reading ended.
 /// Only a file that is not a trace at all, or an I/O error, is an `Err`.
 /// A journal's `recovery` adds, after the trace's own records, those the trace lacks.
+/// `damaged` gets the compressed frames that were left out as damaged, reading going on after
+/// them (see the format crate's `compress`): each the byte it started at and why.
 ///
 /// Reading and decoding run on a thread of their own, a few batches ahead of `f` (a quarter of
 /// the time of a summary went to decoding): the records reach `f` in file order, as before.
 pub fn for_each_record<R: Read + Send>(
     source: R,
     recovery: Option<Recovery>,
+    damaged: &mut Vec<(u64, String)>,
     mut f: impl FnMut(Record) -> ControlFlow<()>,
 ) -> Result<Outcome, String> {
     let (full_tx, full_rx) = crossbeam_channel::bounded::<Vec<Record>>(AHEAD);
@@ -41,7 +44,7 @@ pub fn for_each_record<R: Read + Send>(
         let reading = scope.spawn(move || {
             let mut reader = match Reader::new(source) {
                 Ok(r) => Recovering::new(r, recovery),
-                Err(e) => return outcome_of(e),
+                Err(e) => return (outcome_of(e), Vec::new()),
             };
             let mut batch = Vec::with_capacity(BATCH);
             let end = loop {
@@ -51,7 +54,7 @@ pub fn for_each_record<R: Read + Send>(
                         if batch.len() == BATCH {
                             let next = empty_rx.try_recv().unwrap_or_else(|_| Vec::with_capacity(BATCH));
                             if full_tx.send(std::mem::replace(&mut batch, next)).is_err() {
-                                return Ok(Outcome::Complete); // `f` stopped early
+                                return (Ok(Outcome::Complete), reader.damaged().to_vec()); // `f` stopped early
                             }
                         }
                     }
@@ -61,7 +64,7 @@ pub fn for_each_record<R: Read + Send>(
             };
             // What was read before the end (or the damage) is delivered first.
             let _ = full_tx.send(batch);
-            end
+            (end, reader.damaged().to_vec())
         });
         let mut stopped = false;
         while let Ok(mut batch) = full_rx.recv() {
@@ -78,7 +81,8 @@ pub fn for_each_record<R: Read + Send>(
         }
         // Stopped early: the reader's next send fails and it ends.
         drop(full_rx);
-        let end = reading.join().unwrap_or_else(|_| Err("the trace reader failed".to_string()));
+        let (end, lost) = reading.join().unwrap_or_else(|_| (Err("the trace reader failed".to_string()), Vec::new()));
+        *damaged = lost;
         if stopped {
             Ok(Outcome::Complete)
         } else {
@@ -112,7 +116,7 @@ mod tests {
 
     fn times(bytes: &[u8], stop_after: Option<usize>) -> (Vec<u64>, Outcome) {
         let mut seen = Vec::new();
-        let outcome = for_each_record(bytes, None, |r| {
+        let outcome = for_each_record(bytes, None, &mut Vec::new(), |r| {
             if let Record::Event(e) = r {
                 seen.push(e.time_ns);
             }
@@ -154,6 +158,6 @@ mod tests {
 
     #[test]
     fn a_file_that_is_not_a_trace_is_an_error() {
-        assert!(for_each_record(&b"not a trace at all, not even its header"[..], None, |_| ControlFlow::Continue(())).is_err());
+        assert!(for_each_record(&b"not a trace at all, not even its header"[..], None, &mut Vec::new(), |_| ControlFlow::Continue(())).is_err());
     }
 }

@@ -141,6 +141,11 @@ pub fn build(path: &Path, trace: &Trace, sym: &mut Symbolizer, opts: &Options) -
 
     let process = trace.process.clone().unwrap_or_default();
     let (status, stopped_at, error) = match &trace.outcome {
+        // Read to its end, past damaged compressed frames whose records were left out.
+        Outcome::Complete if !trace.damaged.is_empty() => {
+            let frames: Vec<String> = trace.damaged.iter().map(|(at, why)| format!("the frame from byte {at} ({why})")).collect();
+            ("damaged", None, Some(format!("records left out as damaged: {}", frames.join("; "))))
+        }
         Outcome::Complete => ("complete", None, None),
         Outcome::Truncated { offset } => (
             "truncated",

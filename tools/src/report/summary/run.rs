@@ -55,7 +55,7 @@ pub fn summarize(inputs: &[Input], merge: bool, opts: &Options, out: &mut dyn Wr
         match crate::model::load_input(input, &filter, &mut temporary) {
             Ok(trace) => {
                 trace.warn(input.path(), "the summary");
-                all_read &= !matches!(trace.outcome, crate::read::records::Outcome::Corrupt { .. });
+                all_read &= !trace.is_damaged();
                 let mut r = build(input.path(), &trace, &mut sym, opts);
                 let top = if opts.json { opts.top } else { Some(opts.top.unwrap_or(DEFAULT_TOP)) };
                 let wanted = |d: i32| opts.device.is_none_or(|w| w == d);
