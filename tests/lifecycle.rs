@@ -679,6 +679,10 @@ fn a_damaged_compressed_frame_loses_its_own_records_and_reading_goes_on_after_it
     assert!(t["unknown_frees"].as_array().unwrap().len() <= 1, "{}", t["unknown_frees"]);
     let out = Command::new(cli()).args(["check", "--max-peak", "1TiB"]).arg(&p).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+    let out = Command::new(cli()).arg("dump").arg(&p).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let last = String::from_utf8_lossy(&out.stdout).lines().last().unwrap().to_owned();
+    assert!(last.contains("damaged") && last.contains(&starts[1].to_string()), "{last}");
     // Record for record: the events read are the trace's, but for one run of them (the
     // damaged frame's), times, threads and addresses exact after the gap too.
     let events = |bytes: &[u8]| -> Vec<gpumemtrace_format::Event> {

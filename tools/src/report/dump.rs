@@ -19,7 +19,9 @@ fn namespace(kind: MemKind) -> &'static str {
 
 /// Writes one JSON object per line: `{"process": ...}`, `{"module": ...}`, `{"stack": ...}`,
 /// `{"event": ...}`, `{"notice": ...}`, `{"stats": ...}`; a read error ends the dump with
-/// `{"error": ..., "offset": N}` and a non-zero exit.
+/// `{"error": ..., "offset": N}` and a non-zero exit. Damaged compressed frames, left out (reading
+/// goes on after each), are `{"damaged": {"offset": N, "error": ...}}` lines at the end, N the
+/// byte each started at; the exit status is then non-zero too.
 pub fn run(path: &Path, out: &mut impl Write) -> io::Result<bool> {
     let name = crate::read::input::display(path);
     // One pass: standard input (`-`) streams as it comes.
@@ -30,9 +32,15 @@ pub fn run(path: &Path, out: &mut impl Write) -> io::Result<bool> {
     };
     let mut apis: HashMap<u32, Api> = HashMap::new();
     let mut reader = reader;
+    let damaged = |reader: &gpumemtrace_format::recover::Recovering<_>, out: &mut dyn Write| -> io::Result<bool> {
+        for (at, why) in reader.damaged() {
+            writeln!(out, "{}", json!({"damaged": {"offset": at, "error": why}}))?;
+        }
+        Ok(reader.damaged().is_empty())
+    };
     loop {
         let value = match reader.next_record() {
-            Ok(None) => return Ok(true),
+            Ok(None) => return damaged(&reader, out),
             Ok(Some(rec)) => match rec {
                 Record::Process(p) => json!({"process": {
                     "pid": p.pid, "ppid": p.ppid, "start_monotonic_ns": p.start_monotonic_ns,
@@ -87,6 +95,7 @@ pub fn run(path: &Path, out: &mut impl Write) -> io::Result<bool> {
                 Record::Unknown(t) => json!({"unknown_record": t}),
             },
             Err(e) => {
+                damaged(&reader, out)?;
                 writeln!(out, "{}", json!({"error": e.to_string(), "offset": reader.offset()}))?;
                 return Ok(false);
             }
