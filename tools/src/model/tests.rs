@@ -501,6 +501,16 @@ fn a_reports_warnings_say_where_reading_stopped_and_what_no_process_does() {
     assert!(w[1].contains("likely corrupt"));
     let mut t = TraceBuilder::new().ok(MALLOC, 10, 0x1000, 4096, 1).load();
     assert!(t.warnings("this report").is_empty());
+    assert!(!t.is_damaged());
     t.outcome = Outcome::Corrupt { offset: 7, message: "bad record type 200".into() };
     assert_eq!(t.warnings("this report"), ["the trace is corrupt at byte 7 (bad record type 200); this report covers the events before it"]);
+    assert!(t.is_damaged());
+    // Read to its end past a damaged compressed frame: that frame's records are missing.
+    t.outcome = Outcome::Complete;
+    t.damaged = vec![(4096, "compressed body: Restored data doesn't match checksum".into())];
+    assert_eq!(
+        t.warnings("the summary"),
+        ["the trace is corrupt in the compressed frame from byte 4096 (compressed body: Restored data doesn't match checksum): its records are left out, and the summary misses them (reading went on at the next frame)"]
+    );
+    assert!(t.is_damaged());
 }
