@@ -4,7 +4,10 @@
 # the emulated CUDA (driver calls, PyTorch blocks with Python stacks, an OOM, phases, VMM views,
 # two devices), compressed and plain (`-plain`, GPUMEMTRACE_COMPRESS=0: mutations of a plain
 # body reach the model, a zstd body's mostly stop at the decompressor), and `extreme.seed`, the
-# hand-built trace of reports_correct.rs's extreme-values test. Named `.seed`: `*.trace` is
+# hand-built trace of reports_correct.rs's extreme-values test. `*-checked.seed` are written by
+# today's writer (a frame with a checksum, ended, a Sync record first); the other zstd seeds by
+# writers before checksums; `checked-frames.seed` is three small checked frames (the reader goes
+# on past a damaged one). Named `.seed`: `*.trace` is
 # ignored by git.
 #   fuzz/run.sh 600
 # Needs cargo-fuzz (`cargo install cargo-fuzz`); runs on stable Rust without sanitizers (-s none).

@@ -163,6 +163,9 @@ pub(crate) struct Frames<R: Read> {
     end: Option<Option<String>>,
 }
 
+/// Damaged frames a reader goes on past, at most: a file with more is not a trace any more.
+const MAX_DAMAGED: usize = 100;
+
 /// A zstd frame's first four bytes.
 const MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
@@ -279,7 +282,7 @@ impl<R: Read> Frames<R> {
                 // Nothing handed out yet (the first frame's header is damaged): nothing is lost
                 // by looking for a later frame either.
                 let nothing_yet = self.released == 0 && self.start == 0;
-                if (self.checked == Some(true) || nothing_yet) && !self.partly_out {
+                if (self.checked == Some(true) || nothing_yet) && !self.partly_out && self.damaged.len() < MAX_DAMAGED {
                     // Frames are independent, end at a record boundary and start with a Sync
                     // record (the event deltas): reading goes on at the next frame.
                     self.damaged.push((self.frame_at, format!("compressed body: {e}")));

@@ -20,11 +20,12 @@ fuzz_target!(|data: &[u8]| {
         match reader.next_record() {
             Ok(Some(rec)) => {
                 // Progress is forward and bounded by the input; in a plain body, strictly
-                // forward and at most one record's bounded length at a time.
+                // forward and at most one record's bounded length at a time, but for Sync
+                // records (taken in, not handed out) before it.
                 assert!(reader.offset() >= last && reader.offset() <= data.len() as u64);
                 if plain {
                     assert!(reader.offset() > last);
-                    assert!(reader.offset() - last <= MAX_RECORD_LEN + 11);
+                    assert!(reader.offset() - last <= MAX_RECORD_LEN + 11 || has_sync(&data[last as usize..]));
                 }
                 last = reader.offset();
                 if let Record::Stack(s) = rec {
@@ -36,7 +37,8 @@ fuzz_target!(|data: &[u8]| {
                 break;
             }
             Err(ReadError::Truncated { offset }) | Err(ReadError::Corrupt { offset, .. }) => {
-                assert!(if plain { offset == last } else { offset >= last && offset <= data.len() as u64 });
+                // In a plain body, where the next record starts (after any Sync records).
+                assert!(if plain { offset == last || (offset > last && has_sync(&data[last as usize..])) } else { offset >= last && offset <= data.len() as u64 });
                 break;
             }
             Err(e) => panic!("unexpected error kind on in-memory input: {e}"),
@@ -44,3 +46,8 @@ fuzz_target!(|data: &[u8]| {
     }
     gpumemtrace_cli::fuzz::summary(data);
 });
+
+/// Whether the plain records from the start of `b` begin with a Sync record.
+fn has_sync(b: &[u8]) -> bool {
+    b.first() == Some(&gpumemtrace_format::tag::SYNC)
+}
