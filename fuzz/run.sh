@@ -7,8 +7,7 @@
 # hand-built trace of reports_correct.rs's extreme-values test. `*-checked.seed` are written by
 # today's writer (a frame with a checksum, ended, a Sync record first); the other zstd seeds by
 # writers before checksums; `checked-frames.seed` is three small checked frames (the reader goes
-# on past a damaged one). Named `.seed`: `*.trace` is
-# ignored by git.
+# on past a damaged one). Named `.seed`: `*.trace` is ignored by git.
 #   fuzz/run.sh 600
 # Needs cargo-fuzz (`cargo install cargo-fuzz`); runs on stable Rust without sanitizers (-s none).
 # Fails on a crash, and when a fuzzer did not run to its end (a missing seed directory once made
