@@ -42,21 +42,13 @@ impl EventState {
     /// each compressed frame, so that a reader that lost the frame before still decodes the
     /// deltas of the events after it. Readers take it in and hand out no record for it.
     pub fn sync(&self, out: &mut Vec<u8>) {
-        let mut p = [0u8; 32];
-        let mut n = 0;
-        for v in [self.0.time_ns, self.0.tid as u64, self.0.addr] {
-            let mut v = v;
-            while v >= 0x80 {
-                p[n] = (v as u8) | 0x80;
-                v >>= 7;
-                n += 1;
-            }
-            p[n] = v as u8;
-            n += 1;
-        }
+        let mut p = Vec::with_capacity(32);
+        put_uv(&mut p, self.0.time_ns);
+        put_uv(&mut p, self.0.tid as u64);
+        put_uv(&mut p, self.0.addr);
         out.push(tag::SYNC);
-        put_uv(out, n as u64);
-        out.extend_from_slice(&p[..n]);
+        put_uv(out, p.len() as u64);
+        out.extend_from_slice(&p);
     }
 }
 

@@ -151,6 +151,30 @@ mod tests {
     }
 
     #[test]
+    fn a_sync_record_lets_a_reader_start_mid_stream_and_is_not_handed_out() {
+        let ev = |i: u64| Event { api: 1, time_ns: 1_000_000 + 77 * i, tid: 40 + (i % 3) as u32, addr: 0x7f00_0000_0000 + 4096 * i, size: 8, ..Event::default() };
+        let mut enc = Encoder::new();
+        let mut skipped = Vec::new();
+        for i in 0..10 {
+            enc.encode(&Record::Event(ev(i)), &mut skipped);
+        }
+        // What a frame after a lost one holds: where the deltas stand, then events as deltas.
+        let mut file = header().to_vec();
+        enc.event_state().sync(&mut file);
+        for i in 10..20 {
+            enc.encode(&Record::Event(ev(i)), &mut file);
+        }
+        let back: Vec<Record> = Reader::new(&file[..]).unwrap().map(Result::unwrap).collect();
+        assert_eq!(back, (10..20).map(|i| Record::Event(ev(i))).collect::<Vec<_>>());
+        // Without it the deltas start from zero: every value is off.
+        let mut cut = header().to_vec();
+        cut.extend_from_slice(&file[HEADER_LEN + 1 + file[HEADER_LEN + 1] as usize + 1..]);
+        let wrong: Vec<Record> = Reader::new(&cut[..]).unwrap().map(Result::unwrap).collect();
+        assert_eq!(wrong.len(), 10);
+        assert_ne!(wrong[0], Record::Event(ev(10)));
+    }
+
+    #[test]
     fn version_3_fields_cost_nothing_when_zero() {
         let ev = |e: Event| {
             let mut out = Vec::new();
