@@ -294,7 +294,11 @@ impl Out {
                 if z.at_frame_start() {
                     b.start.sync(&mut sync);
                 }
-                z.compress_parts(&[&sync, bytes], &mut self.out, b.last).and_then(|_| crate::output::write_all(&self.file, &self.out))
+                let r = z.compress_parts(&[&sync, bytes], &mut self.out, b.last).and_then(|_| crate::output::write_all(&self.file, &self.out));
+                if r.is_err() {
+                    let _ = z.abandon_frame();
+                }
+                r
             }
             None => crate::output::write_all(&self.file, bytes),
         };

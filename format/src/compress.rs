@@ -78,6 +78,14 @@ impl Compressor {
         self.in_frame == 0
     }
 
+    /// After a write that did not (wholly) reach the file: the frame it was in is broken there,
+    /// so the next write starts a new frame (with its Sync record), which a reader finds past
+    /// the broken one. Otherwise every later write of that frame would be lost with it.
+    pub fn abandon_frame(&mut self) -> io::Result<()> {
+        self.in_frame = 0;
+        self.enc.reinit()
+    }
+
     /// [`Compressor::compress_ending`] of the parts one after the other.
     pub fn compress_parts(&mut self, parts: &[&[u8]], out: &mut Vec<u8>, end: bool) -> io::Result<()> {
         for data in parts {
@@ -222,11 +230,13 @@ impl<R: Read> Frames<R> {
         if self.in_pos == self.in_len {
             let (want, mut n) = (if self.checked.is_none() { 5 } else { 1 }, 0);
             while n < want {
-                let got = self.input.read(&mut self.inbuf[n..])?;
-                if got == 0 {
-                    break;
+                match self.input.read(&mut self.inbuf[n..]) {
+                    Ok(0) => break,
+                    Ok(got) => n += got,
+                    // Read again: what this loop already read must not be lost.
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
                 }
-                n += got;
             }
             if self.checked.is_none() {
                 // Frame header: magic (4 bytes), then its descriptor, whose bit 2 is the
@@ -279,10 +289,10 @@ impl<R: Read> Frames<R> {
                 // may be wrong too (a checksum fails only at the frame's end). (The decoder
                 // already dropped what it decoded in this call.)
                 self.out.truncate(self.released);
-                // Nothing handed out yet (the first frame's header is damaged): nothing is lost
-                // by looking for a later frame either.
-                let nothing_yet = self.released == 0 && self.start == 0;
-                if (self.checked == Some(true) || nothing_yet) && !self.partly_out && self.damaged.len() < MAX_DAMAGED {
+                // Unless part of this frame was handed out unchecked (a frame without checksum,
+                // as old writers' one frame, once it decoded anything; or one past `MAX_HELD`):
+                // then the record layer may stand inside a record, and reading ends here.
+                if !self.partly_out && self.damaged.len() < MAX_DAMAGED {
                     // Frames are independent, end at a record boundary and start with a Sync
                     // record (the event deltas): reading goes on at the next frame.
                     self.damaged.push((self.frame_at, format!("compressed body: {e}")));
@@ -508,6 +518,35 @@ mod tests {
         assert!(found * 100 >= tried * 95, "{found} of {tried} flips found");
         assert!(literal * 2 > tried, "{literal} of {tried} found by the checksum");
         assert!(one_frame * 100 >= found * 95, "{one_frame} of {found} lost one frame only");
+    }
+
+    #[test]
+    fn after_a_write_that_never_reached_the_file_the_next_frame_reads_whole() {
+        // Three writes of 1000 events into one frame; the second never reaches the file (a full
+        // disk, say), and the writer abandons its frame: the third starts a new one.
+        let recs = random_events(3000);
+        let mut file = header_with(flags::ZSTD).to_vec();
+        let (mut enc, mut c) = (Encoder::new(), Compressor::new().unwrap());
+        for (i, part) in recs.chunks(1000).enumerate() {
+            let mut buf = Vec::new();
+            if c.at_frame_start() {
+                enc.event_state().sync(&mut buf);
+            }
+            part.iter().for_each(|r| enc.encode(r, &mut buf));
+            let mut out = Vec::new();
+            c.compress_ending(&buf, &mut out, i == 2).unwrap();
+            if i == 1 {
+                c.abandon_frame().unwrap();
+            } else {
+                file.extend_from_slice(&out);
+            }
+        }
+        // The broken frame (the first write and the lost one) is left out; the third write's
+        // records read exactly as written.
+        let (back, err, damaged) = read_past_damage(&file);
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(damaged.len(), 1, "{damaged:?}");
+        assert_eq!(back, recs[2000..]);
     }
 
     #[test]
