@@ -13,9 +13,7 @@
 //! process was writing when it stopped is handed out unchecked (it has no end yet), as are the
 //! frames of writers older than checksums (one frame that never ends).
 
-use std::cell::Cell;
 use std::io::{self, Read};
-use std::rc::Rc;
 
 use zstd::stream::raw::{CParameter, InBuffer, Operation, OutBuffer};
 
@@ -91,18 +89,13 @@ impl Compressor {
         for data in parts {
             let mut src = InBuffer::around(data);
             while src.pos() < data.len() {
-                out.reserve(OUTPUT_CHUNK);
-                let filled = out.len();
-                let mut dst = OutBuffer::around_pos(out, filled);
-                self.enc.run(&mut src, &mut dst)?;
+                self.enc.run(&mut src, &mut room(out))?;
             }
             self.in_frame += data.len();
         }
         let ending = (end && self.in_frame > 0) || self.in_frame >= self.frame_input;
         loop {
-            out.reserve(OUTPUT_CHUNK);
-            let filled = out.len();
-            let mut dst = OutBuffer::around_pos(out, filled);
+            let mut dst = room(out);
             let left = if ending { self.enc.finish(&mut dst, false)? } else { self.enc.flush(&mut dst)? };
             if left == 0 {
                 break;
@@ -122,24 +115,25 @@ pub(crate) enum Body<R: Read> {
     Zstd(Box<Frames<R>>),
 }
 
-/// How many bytes of the file were read under the decoder.
-#[derive(Default)]
-pub(crate) struct Intake {
-    count: Cell<u64>,
-}
-
 /// A reader that counts what was read through it.
 pub(crate) struct Counted<R> {
     inner: R,
-    read: Rc<Intake>,
+    count: u64,
 }
 
 impl<R: Read> Read for Counted<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.read.count.set(self.read.count.get() + n as u64);
+        self.count += n as u64;
         Ok(n)
     }
+}
+
+/// `out`'s room for an encoder's or a decoder's output, after what it holds.
+fn room(out: &mut Vec<u8>) -> OutBuffer<'_, Vec<u8>> {
+    out.reserve(OUTPUT_CHUNK);
+    let filled = out.len();
+    OutBuffer::around_pos(out, filled)
 }
 
 /// A compressed body decoded frame by frame: a frame's bytes are handed out once its checksum
@@ -156,12 +150,14 @@ pub(crate) struct Frames<R: Read> {
     out: Vec<u8>,
     start: usize,
     released: usize,
-    /// The writer's frames carry checksums (seen in the first frame's header): else every byte
-    /// is handed out as it is decoded, as before checksums.
+    /// The writer's frames carry checksums (seen in the first frame's header, and in the
+    /// header of the frame found after a damaged one): else every byte is handed out as it is
+    /// decoded, as before checksums.
     checked: Option<bool>,
     /// Where the frame being decoded starts in the file.
     frame_at: u64,
-    /// Part of the frame being decoded was handed out unchecked (it outgrew `MAX_HELD`).
+    /// Part of the frame being decoded was handed out unchecked (a frame without checksum, or
+    /// one that outgrew `MAX_HELD`).
     partly_out: bool,
     /// Damaged frames left out, each where it started and why; after one, `skipping` until the
     /// next frame's magic number.
@@ -179,9 +175,8 @@ const MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
 impl<R: Read> Body<R> {
     pub(crate) fn zstd(inner: R) -> io::Result<Body<R>> {
-        let read = Rc::new(Intake::default());
         let frames = Frames {
-            input: Counted { inner, read },
+            input: Counted { inner, count: 0 },
             dec: zstd::stream::raw::Decoder::new()?,
             inbuf: vec![0; INPUT_CHUNK].into_boxed_slice(),
             in_pos: 0,
@@ -212,7 +207,7 @@ impl<R: Read> Body<R> {
     pub(crate) fn consumed(&self) -> Option<u64> {
         match self {
             Body::Plain(_) => None,
-            Body::Zstd(f) => Some(f.input.read.count.get()),
+            Body::Zstd(f) => Some(f.input.count),
         }
     }
 }
@@ -248,9 +243,8 @@ impl<R: Read> Frames<R> {
                 // process was writing when it stopped): what it decoded to stands, unchecked,
                 // with whatever the decoder still holds of a block it decoded.
                 loop {
-                    self.out.reserve(OUTPUT_CHUNK);
                     let filled = self.out.len();
-                    let ran = self.dec.run(&mut InBuffer::around(&[]), &mut OutBuffer::around_pos(&mut self.out, filled));
+                    let ran = self.dec.run(&mut InBuffer::around(&[]), &mut room(&mut self.out));
                     if ran.is_err() || self.out.len() == filled {
                         break;
                     }
@@ -264,11 +258,8 @@ impl<R: Read> Frames<R> {
         if self.skipping {
             return self.skip_to_frame();
         }
-        self.out.reserve(OUTPUT_CHUNK);
         let mut src = InBuffer::around(&self.inbuf[self.in_pos..self.in_len]);
-        let filled = self.out.len();
-        let mut dst = OutBuffer::around_pos(&mut self.out, filled);
-        let run = self.dec.run(&mut src, &mut dst);
+        let run = self.dec.run(&mut src, &mut room(&mut self.out));
         self.in_pos += src.pos();
         match run {
             Ok(0) => {
@@ -309,12 +300,10 @@ impl<R: Read> Frames<R> {
         }
         Ok(())
     }
-}
 
-impl<R: Read> Frames<R> {
     /// Where `inbuf[in_pos]` lies in the file.
     fn at_in_pos(&self) -> u64 {
-        self.input.read.count.get() - (self.in_len - self.in_pos) as u64 + crate::HEADER_LEN as u64
+        self.input.count - (self.in_len - self.in_pos) as u64 + crate::HEADER_LEN as u64
     }
 
     /// After a damaged frame: drops input up to the next frame's magic number (then decoding

@@ -298,8 +298,7 @@ fn check_cmd(paths: &[PathBuf], b: &check::Budgets, phase: Option<String>, pid: 
         let t = crate::model::load(p, &f, &mut ()).map_err(|e| e.of("check").status(2))?;
         // Damaged records are not a trace a gate may pass (the figures before the damage are a
         // part of the run, and a frame whose checksum failed was left out): not judged.
-        if t.is_damaged() {
-            let why = t.warnings("the check").into_iter().find(|w| w.contains("corrupt")).unwrap_or_default();
+        if let Some(why) = t.damage("the check").first() {
             let e = format!("{}: {why}: its budgets cannot be judged", input::display(p));
             return Err(Error::new(e).of("check").status(2));
         }

@@ -187,27 +187,34 @@ impl Trace {
     /// before that point, "the summary", "this report"), and values no process can have.
     pub fn warnings(&self, covers: &str) -> Vec<String> {
         let mut w = Vec::new();
-        match &self.outcome {
-            Outcome::Complete => {}
-            Outcome::Truncated { offset } => w.push(format!(
+        if let Outcome::Truncated { offset } = &self.outcome {
+            w.push(format!(
                 "the trace is truncated at byte {offset} (the process may have been killed); {covers} covers the events before it"
-            )),
-            Outcome::Corrupt { offset, message } => {
-                w.push(format!("the trace is corrupt at byte {offset} ({message}); {covers} covers the events before it"))
-            }
+            ));
+        }
+        w.extend(self.damage(covers));
+        w.extend(self.implausible());
+        w
+    }
+
+    /// The corrupt bytes reading met, one line each (among [`Trace::warnings`]): where it
+    /// stopped at them, and the damaged compressed frames it left out. Any makes the trace
+    /// damaged: a report then covers part of the run (`summary` says so in its exit status,
+    /// `check` judges nothing).
+    pub fn damage(&self, covers: &str) -> Vec<String> {
+        let mut w = Vec::new();
+        if let Outcome::Corrupt { offset, message } = &self.outcome {
+            w.push(format!("the trace is corrupt at byte {offset} ({message}); {covers} covers the events before it"));
         }
         for (at, why) in &self.damaged {
             w.push(format!(
                 "the trace is corrupt in the compressed frame from byte {at} ({why}): its records are left out, and {covers} misses them (reading went on at the next frame)"
             ));
         }
-        w.extend(self.implausible());
         w
     }
 
-    /// Whether reading met corrupt bytes: it stopped there, or left damaged compressed frames
-    /// out (a report then covers part of the run: `summary` says so in its exit status, `check`
-    /// judges nothing).
+    /// Whether [`Trace::damage`] has anything to say.
     pub fn is_damaged(&self) -> bool {
         matches!(self.outcome, Outcome::Corrupt { .. }) || !self.damaged.is_empty()
     }
